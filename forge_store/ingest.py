@@ -1,0 +1,164 @@
+"""Turn a ``CallRecord`` into a journal operation, encoding its prompt as deltas (invariant 3).
+
+The encoder remembers, per rollout, the previous call's prompt message hashes and its prompt + completion token
+ids. A new call stores only the messages and tokens that are not a prefix of those, plus a reference to the base
+call. It also remembers which messages it already journaled, so a message body enters the journal once; the
+memory is bounded (least recently used rollouts and hashes are forgotten, which only costs a fuller record).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .errors import InvalidRecord
+from .hashing import canonical_json, json_sha256, sha256_hex
+from .records import API_SURFACES, CallRecord
+from .tokens import common_prefix_items, ids_to_bytes, pack_ids, pack_logprobs
+
+
+@dataclass
+class _RolloutState:
+    call_id: str
+    prompt_hashes: list[str]
+    full_ids: bytes | None  # prompt + completion token ids, uint32 LE
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def system_prompt_hash(messages: list[dict]) -> str | None:
+    for m in messages:
+        if m.get("role") in ("system", "developer"):
+            return json_sha256(m.get("content"))
+    return None
+
+
+class CallEncoder:
+    def __init__(self, max_rollouts: int = 4096, max_hashes: int = 200_000):
+        self._lock = threading.Lock()
+        self._rollouts: OrderedDict[str, _RolloutState] = OrderedDict()
+        self._journaled: OrderedDict[str, None] = OrderedDict()
+        self._recent_calls: OrderedDict[str, None] = OrderedDict()
+        self.max_rollouts, self.max_hashes = max_rollouts, max_hashes
+
+    def forget(self, rollout_id: str) -> None:
+        with self._lock:
+            self._rollouts.pop(rollout_id, None)
+
+    def encode(self, rec: CallRecord) -> dict | None:
+        """The journal operation for ``rec``; None if this encoder already encoded a call with that id."""
+        if rec.api_surface not in API_SURFACES:
+            raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
+        if rec.started_at.tzinfo is None:
+            raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
+        bodies = [canonical_json(m).decode() for m in rec.messages]
+        hashes = [sha256_hex(b.encode()) for b in bodies]
+        tools_body = canonical_json(rec.tools).decode() if rec.tools else None
+        tools_hash = sha256_hex(tools_body.encode()) if tools_body else None
+        prompt_raw = ids_to_bytes(rec.prompt_token_ids) if rec.prompt_token_ids is not None else None
+        response_message_hash = json_sha256(rec.response_message) if rec.response_message is not None else None
+        request_hash = rec.request_hash or json_sha256({"messages": rec.messages, "tools": rec.tools, **rec.params})
+        if rec.completion_logprobs is not None and rec.completion_token_ids is not None and len(
+            rec.completion_logprobs
+        ) != len(rec.completion_token_ids):
+            raise InvalidRecord(
+                f"call {rec.id}: {len(rec.completion_logprobs)} logprobs for {len(rec.completion_token_ids)} completion "
+                "tokens; logprobs must be per completion token"
+            )
+
+        with self._lock:
+            if rec.id in self._recent_calls:
+                return None
+            self._remember(self._recent_calls, rec.id, self.max_hashes)
+            state = self._rollouts.get(rec.rollout_id) if rec.rollout_id else None
+            base_call, base_len, ids_base, ids_prefix = None, 0, None, 0
+            if state is not None:
+                base_len = _common_prefix(state.prompt_hashes, hashes)
+                base_call = state.call_id if base_len else None
+                if prompt_raw is not None and state.full_ids:
+                    ids_prefix = common_prefix_items(state.full_ids, prompt_raw)
+                    ids_base = state.call_id if ids_prefix else None
+            new_msgs = {}
+            for h, body, m in zip(hashes[base_len:], bodies[base_len:], rec.messages[base_len:]):
+                if h not in self._journaled:
+                    new_msgs[h] = (m.get("role"), body)
+                self._remember(self._journaled, h, self.max_hashes)
+            if rec.rollout_id:
+                full = None
+                if prompt_raw is not None:
+                    full = prompt_raw + (ids_to_bytes(rec.completion_token_ids) if rec.completion_token_ids else b"")
+                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, hashes, full)
+                self._rollouts.move_to_end(rec.rollout_id)
+                while len(self._rollouts) > self.max_rollouts:
+                    self._rollouts.popitem(last=False)
+            tools = None
+            if tools_hash and tools_hash not in self._journaled:
+                tools = (tools_hash, tools_body)
+            if tools_hash:
+                self._remember(self._journaled, tools_hash, self.max_hashes)
+
+        row = {
+            "id": rec.id,
+            "rollout_id": rec.rollout_id,
+            "seq": rec.seq if rec.seq is not None else int(rec.started_at.timestamp() * 1e9),
+            "api_surface": rec.api_surface,
+            "model": rec.model or rec.params.get("model"),
+            "streamed": rec.streamed,
+            "request_hash": request_hash,
+            "system_prompt_hash": system_prompt_hash(rec.messages),
+            "tool_schema_hash": tools_hash,
+            "request_params": rec.params,
+            "prompt_base_call_id": base_call,
+            "prompt_base_len": base_len,
+            "prompt_tail": hashes[base_len:],
+            "n_prompt_messages": len(hashes),
+            "response": rec.response,
+            "response_message_hash": response_message_hash,
+            "finish_reason": rec.finish_reason,
+            "prompt_ids_base_call_id": ids_base,
+            "prompt_ids_prefix_len": ids_prefix,
+            "prompt_ids_tail": pack_ids(prompt_raw[ids_prefix * 4 :]) if prompt_raw is not None else None,
+            "n_prompt_tokens": len(prompt_raw) // 4 if prompt_raw is not None else None,
+            "completion_ids": pack_ids(rec.completion_token_ids) if rec.completion_token_ids is not None else None,
+            "completion_logprobs": pack_logprobs(rec.completion_logprobs) if rec.completion_logprobs is not None else None,
+            "n_completion_tokens": len(rec.completion_token_ids) if rec.completion_token_ids is not None else None,
+            "usage": rec.usage,
+            "started_at": rec.started_at,
+            "ended_at": rec.ended_at,
+            "ttft_ms": rec.ttft_ms,
+            "latency_ms": rec.latency_ms,
+            "upstream_status": rec.upstream_status,
+            "error_class": rec.error_class,
+            "error_detail": rec.error_detail,
+            "retry_of": rec.retry_of,
+            "policy_version_id": rec.policy_version_id,
+            "token_exact": bool(rec.token_exact),
+            "image_hashes": rec.image_hashes,
+            "metadata": rec.metadata,
+        }
+        op = {"k": "call", "r": row, "msgs": new_msgs}
+        if tools:
+            op["tools"] = tools
+        return op
+
+    @staticmethod
+    def _remember(lru: OrderedDict, key: str, limit: int) -> None:
+        lru[key] = None
+        lru.move_to_end(key)
+        if len(lru) > limit:
+            lru.popitem(last=False)
+
+    def reset(self) -> None:
+        """Forget everything (after a failed journal write, whose operation may hold the only copy of a base)."""
+        with self._lock:
+            self._rollouts.clear()
+            self._journaled.clear()
+            self._recent_calls.clear()

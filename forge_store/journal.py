@@ -1,0 +1,427 @@
+"""Local append-only journal: the durability layer behind the store's batched writer (DESIGN invariant 1).
+
+A call is journaled before it is acknowledged; the background writer later copies journal entries into the
+database, marks them committed, and after a restart replays `pending()`.
+
+On-disk format (v1): a directory with segment files `%016d.log`, a `CHECKPOINT` file and a `LOCK` file. A segment
+is a sequence of records `[u32 LE payload length][u32 LE crc32(payload)][payload]`; payloads are non-empty, so an
+all-zero header can only be a zero-filled torn tail. A record's `Position` is (segment, byte offset of its end).
+
+Group commit: appenders hand framed records to one flusher thread, which writes everything queued in one write
+and one fsync, then releases all of them. After a batch of more than one record it lingers up to
+`group_commit_s` for the next batch to fill to the same size, so a single appender never waits on the linger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Journal", "JournalCorrupt", "JournalError", "JournalLocked", "Position"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<II")
+_MAX_PAYLOAD = 0xFFFFFFFF
+_CHECKPOINT_FORMAT = 1
+
+
+class JournalError(Exception):
+    """Base class of journal errors."""
+
+
+class JournalCorrupt(JournalError):
+    """A damaged record that is not a torn tail of the last segment; it is never repaired automatically."""
+
+
+class JournalLocked(JournalError):
+    """Another process (or another Journal object) owns this journal directory."""
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """Where a record ends: ordered by (segment, offset)."""
+
+    segment: int
+    offset: int
+
+
+class _Damage(Exception):
+    def __init__(self, offset: int, reason: str, torn: bool):
+        super().__init__(reason)
+        self.offset, self.reason, self.torn = offset, reason, torn
+
+
+def _frames(f, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """Yield (end offset, payload) of records in [start, end); raise _Damage (torn: a write cut short at end)."""
+    f.seek(start)
+    off = start
+    while off < end:
+        head = f.read(min(_HEADER.size, end - off))
+        if len(head) < _HEADER.size:
+            raise _Damage(off, f"incomplete header ({len(head)} of {_HEADER.size} bytes)", torn=True)
+        n, crc = _HEADER.unpack(head)
+        if n == 0:
+            rest = f.read(end - off - _HEADER.size)
+            zeros = head == bytes(_HEADER.size) and rest.count(0) == len(rest)
+            raise _Damage(off, "zero-length record", torn=zeros)
+        if off + _HEADER.size + n > end:
+            raise _Damage(off, f"record of {n} bytes runs past the end of the file at byte {end}", torn=True)
+        payload = f.read(n)
+        off += _HEADER.size + n
+        if zlib.crc32(payload) != crc:
+            raise _Damage(off - _HEADER.size - n, "CRC mismatch", torn=off == end)
+        yield off, payload
+
+
+def _corrupt(path: Path, damage: _Damage) -> JournalCorrupt:
+    return JournalCorrupt(
+        f"{path}: damaged journal record at byte {damage.offset} ({damage.reason}). Only a torn record at the very end "
+        f"of the last segment is repaired automatically, and this is not one. Inspect the file, then move this "
+        f"segment aside to reopen the journal (its records from byte {damage.offset} on will not be replayed)."
+    )
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    frames: list[bytes]
+    callback: Callable[[_Request], None] | None
+    pos: Position | None = None
+    error: BaseException | None = None
+
+
+class Journal:
+    """Crash-safe append-only journal owned by one process. Thread-safe; a context manager.
+
+    `append*` return only once the record is written and (with `fsync=True`) fsynced; an append that raised may
+    still be replayed (writes downstream are idempotent by id). `fsync_count` counts every fsync issued here.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, segment_bytes: int = 64 << 20, fsync: bool = True,
+                 group_commit_s: float = 0.002):
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes={segment_bytes}: a segment needs at least 1 byte; pass e.g. 64 << 20")
+        if group_commit_s < 0:
+            raise ValueError(f"group_commit_s={group_commit_s}: the linger cannot be negative; pass 0 to disable it")
+        self.directory = Path(directory)
+        self.segment_bytes, self._sync, self._linger = segment_bytes, fsync, group_commit_s
+        self.fsync_count = 0
+        self._lock, self._ckpt_lock = threading.Lock(), threading.Lock()
+        self._work, self._done = threading.Condition(self._lock), threading.Condition(self._lock)  # flusher, appenders
+        self._queue: list[_Request] = []
+        self._closing, self._failed, self._fd = False, None, -1
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._take_lock()
+        try:
+            self._committed = self._load_checkpoint()
+            self._recover()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._flusher = threading.Thread(target=self._run, name=f"journal-flusher:{self.directory}", daemon=True)
+        self._flusher.start()
+
+    def append(self, payload: bytes) -> Position:
+        """Append one record; return its position once it is durable."""
+        return self._wait(self._submit([payload], None))
+
+    def append_many(self, payloads: list[bytes]) -> Position:
+        """Append records in order with one durable write; return the position of the last."""
+        if not payloads:
+            raise ValueError("append_many([]): there is nothing to append; pass at least one payload")
+        return self._wait(self._submit(payloads, None))
+
+    async def append_async(self, payload: bytes) -> Position:
+        """Like `append`, without blocking the event loop. Cancelling the await does not withdraw the record."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def resolve(req: _Request) -> None:
+            if fut.cancelled():
+                return
+            if req.error is None:
+                fut.set_result(req.pos)
+            else:
+                fut.set_exception(self._failure(req.error))
+
+        def notify(req: _Request) -> None:  # on the flusher thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed, so no one awaits this record
+                loop.call_soon_threadsafe(resolve, req)
+
+        self._submit([payload], notify)
+        return await fut
+
+    def replay(self, after: Position | None = None) -> Iterator[tuple[Position, bytes]]:
+        """Yield every record durable at the first `next()` and strictly after `after`, in append order."""
+        with self._lock:
+            self._check_open()
+            end = self._durable
+        for seg in self._segments():
+            if seg > end.segment:
+                break
+            if after is not None and seg < after.segment:
+                continue
+            path = self._path(seg)
+            try:
+                f = open(path, "rb", buffering=1 << 20)
+            except FileNotFoundError:
+                raise JournalError(
+                    f"{path} vanished during replay(after={after}): mark_committed deleted it. Replay from at or "
+                    f"after the checkpoint ({self._committed}), or finish replaying before marking records committed."
+                ) from None
+            with f:
+                stop = end.offset if seg == end.segment else os.fstat(f.fileno()).st_size
+                start = after.offset if after is not None and seg == after.segment else 0
+                try:
+                    for off, payload in _frames(f, min(start, stop), stop):
+                        yield Position(seg, off), payload
+                except _Damage as d:
+                    raise _corrupt(path, d) from None
+
+    def pending(self) -> Iterator[tuple[Position, bytes]]:
+        """Records after the checkpoint: what the database may not have yet."""
+        return self.replay(self.committed())
+
+    def committed(self) -> Position | None:
+        """The checkpoint last saved by `mark_committed`, or None if never."""
+        return self._committed
+
+    def mark_committed(self, pos: Position) -> None:
+        """Persist `pos` as the checkpoint (an older one is ignored); delete non-active segments wholly <= it."""
+        with self._ckpt_lock:
+            with self._lock:
+                self._check_open()
+                durable, active = self._durable, self._active
+            if pos > durable:
+                raise JournalError(
+                    f"mark_committed({pos}): that is past the durable end of the journal ({durable}); "
+                    f"commit only positions returned by append."
+                )
+            if self._committed is not None and pos <= self._committed:
+                return
+            path, tmp = self.directory / "CHECKPOINT", self.directory / "CHECKPOINT.tmp"
+            with open(tmp, "w") as f:
+                json.dump({"format": _CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
+                f.flush()
+                self._fsync(f.fileno())
+            os.replace(tmp, path)
+            self._fsync_dir()
+            self._committed = pos
+            for seg in self._segments():
+                if seg >= active or seg > pos.segment:
+                    break
+                seg_path = self._path(seg)
+                if seg < pos.segment or os.path.getsize(seg_path) <= pos.offset:
+                    seg_path.unlink()
+
+    def close(self) -> None:
+        """Finish queued appends, stop the flusher, release the lock. Idempotent."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._work.notify()
+        self._flusher.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+        os.close(self._lock_fd)  # releases the flock
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _path(self, seg: int) -> Path:
+        return self.directory / f"{seg:016d}.log"
+
+    def _segments(self) -> list[int]:
+        return sorted(int(p.name[:-4]) for p in self.directory.glob("*.log") if p.name[:-4].isdigit())
+
+    def _fsync(self, fd: int) -> None:
+        if self._sync:
+            os.fsync(fd)
+            with self._lock:
+                self.fsync_count += 1
+
+    def _fsync_dir(self) -> None:
+        if self._sync:
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise JournalError(f"journal {self.directory} is closed; open a new Journal on it to continue")
+
+    def _take_lock(self) -> int:
+        fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise JournalLocked(
+                f"journal {self.directory} is locked by another owner (pid {holder}); only one process may own a "
+                f"journal directory at a time. Close the other owner or use another directory."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def _load_checkpoint(self) -> Position | None:
+        path = self.directory / "CHECKPOINT"
+        try:
+            data = json.loads(path.read_text())
+            if data["format"] != _CHECKPOINT_FORMAT:
+                raise ValueError(f"format {data['format']} is not {_CHECKPOINT_FORMAT}")
+            return Position(int(data["segment"]), int(data["offset"]))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            raise JournalCorrupt(
+                f"{path}: unreadable checkpoint ({e}); it must be JSON with format {_CHECKPOINT_FORMAT}, segment and "
+                f"offset. Restore it, or delete it to replay every remaining record."
+            ) from None
+
+    def _recover(self) -> None:
+        """Validate every segment, cut a torn tail off the last one, and open the active segment for appending."""
+        segs = self._segments()
+        for i, seg in enumerate(segs):
+            path = self._path(seg)
+            with open(path, "rb", buffering=1 << 20) as f:
+                size = os.fstat(f.fileno()).st_size
+                try:
+                    for _ in _frames(f, 0, size):
+                        pass
+                except _Damage as d:
+                    if i < len(segs) - 1 or not d.torn:
+                        raise _corrupt(path, d) from None
+                    log.warning("%s: dropping %d bytes of a torn record at byte %d (%s), left by a crash during "
+                                "a write that was never acknowledged", path, size - d.offset, d.offset, d.reason)
+                    with open(path, "r+b") as w:
+                        w.truncate(d.offset)
+                        self._fsync(w.fileno())
+        if segs:
+            self._active = segs[-1]
+            self._fd = os.open(self._path(self._active), os.O_WRONLY | os.O_APPEND)
+            self._size = os.fstat(self._fd).st_size
+        else:
+            self._open_segment(self._committed.segment + 1 if self._committed else 0)
+        self._durable = Position(self._active, self._size)
+
+    def _open_segment(self, seg: int) -> None:
+        self._fd = os.open(self._path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fsync_dir()
+        with self._lock:
+            self._active, self._size = seg, 0
+
+    def _submit(self, payloads: list[bytes], callback: Callable[[_Request], None] | None) -> _Request:
+        frames = []
+        for p in payloads:
+            n = len(p)
+            if not 0 < n <= _MAX_PAYLOAD:
+                raise ValueError(f"payload of {n} bytes: a journal record holds 1 to {_MAX_PAYLOAD} bytes; "
+                                 f"encode empty values as at least one byte and split larger ones")
+            frames.append(_HEADER.pack(n, zlib.crc32(p)) + bytes(p))
+        req = _Request(frames, callback)
+        with self._lock:
+            self._check_open()
+            if self._failed is not None:
+                raise self._failure(self._failed)
+            self._queue.append(req)
+            self._work.notify()
+        return req
+
+    def _wait(self, req: _Request) -> Position:
+        with self._lock:
+            while req.pos is None and req.error is None:
+                self._done.wait()
+        if req.error is not None:
+            raise self._failure(req.error)
+        return req.pos
+
+    def _failure(self, err: BaseException) -> JournalError:
+        e = JournalError(
+            f"journal {self.directory}: a write or fsync failed ({err!r}); the record may not be durable and the "
+            f"journal refuses further appends, since a failed fsync cannot be retried safely. Close it and reopen it."
+        )
+        e.__cause__ = err
+        return e
+
+    def _run(self) -> None:
+        last_batch = 1
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._work.wait()
+                if not self._queue:
+                    return
+                if last_batch > 1 and self._linger > 0:
+                    deadline = time.monotonic() + self._linger
+                    while len(self._queue) < last_batch and not self._closing:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._work.wait(left):
+                            break
+                batch, self._queue = self._queue, []
+                failed = self._failed
+            if failed is None:
+                try:
+                    self._write(batch)
+                except BaseException as e:  # noqa: BLE001 - every waiter must learn of it, then the journal stops
+                    failed = e
+            with self._lock:
+                if failed is not None:
+                    self._failed = failed
+                    for req in batch:
+                        req.error = failed
+                self._done.notify_all()
+            for req in batch:
+                if req.callback is not None:
+                    req.callback(req)
+            last_batch = len(batch)
+
+    def _write(self, batch: list[_Request]) -> None:
+        """Write and fsync a batch, rotating segments as needed; set each request's position."""
+        chunks: list[bytes] = []
+        ends: list[tuple[_Request, int, int]] = []
+        size = self._size
+        for req in batch:
+            for frame in req.frames:
+                if size > 0 and size + len(frame) > self.segment_bytes:
+                    self._write_out(chunks, size)
+                    os.close(self._fd)
+                    self._fd = -1
+                    self._open_segment(self._active + 1)
+                    chunks, size = [], 0
+                chunks.append(frame)
+                size += len(frame)
+            ends.append((req, self._active, size))
+        self._write_out(chunks, size)
+        with self._lock:
+            for req, seg, off in ends:
+                req.pos = Position(seg, off)
+
+    def _write_out(self, chunks: list[bytes], size: int) -> None:
+        if not chunks:
+            return
+        data = memoryview(b"".join(chunks))
+        while data:
+            data = data[os.write(self._fd, data):]
+        self._fsync(self._fd)
+        with self._lock:
+            self._size = size
+            self._durable = Position(self._active, size)

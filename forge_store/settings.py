@@ -1,0 +1,48 @@
+"""One settings object; the only module that reads the environment.
+
+Every value can be set by an ``OPENFORGE_*`` environment variable or passed explicitly. Nothing is read at
+import time: call :func:`get_settings` (or build :class:`Settings` yourself) when you need them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_", extra="forbid")
+
+    home: Path = Field(
+        default=Path(".openforge"),
+        description="Project-local folder for the embedded store: SQLite file, blobs, journal, snapshots.",
+    )
+    store_url: str | None = Field(
+        default=None,
+        description="Database URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB. Default: HOME/store.sqlite.",
+    )
+    blob_dir: Path | None = Field(default=None, description="Blob folder. Default: HOME/blobs.")
+    journal_dir: Path | None = Field(default=None, description="Journal folder. Default: HOME/journal/<name>.")
+    writer_batch_size: int = Field(default=512, ge=1, description="Most journal entries the writer puts in one transaction.")
+    writer_interval_s: float = Field(default=0.01, gt=0, description="How long the writer waits to fill a batch.")
+    writer_retry_max_s: float = Field(default=5.0, gt=0, description="Longest back-off between retries while the database is down.")
+    journal_fsync: bool = Field(default=True, description="fsync the journal before acknowledging a write.")
+    auto_upgrade: bool = Field(
+        default=True, description="Create the schema when a store is opened on an empty database."
+    )
+
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"
+
+    def resolved_blob_dir(self) -> Path:
+        return self.blob_dir or self.home / "blobs"
+
+    def resolved_journal_dir(self, name: str = "default") -> Path:
+        return self.journal_dir or self.home / "journal" / name
+
+
+def get_settings(**overrides) -> Settings:
+    """Settings from the environment, with explicit ``overrides`` taking precedence."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

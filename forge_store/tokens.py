@@ -1,0 +1,102 @@
+"""Compact binary token arrays and prompt deltas (invariant 3).
+
+Token ids are packed as little-endian uint32, logprobs as little-endian float32, each behind a one-byte tag so
+the format can grow: ``b"I"`` raw uint32, ``b"Z"`` zlib-compressed uint32 (used when it saves a quarter or more),
+``b"f"`` raw float32. A prompt is stored as (prefix length taken from a base sequence, tail), where the base is
+the previous call's prompt + completion ids: an agent's prompt usually extends the previous turn verbatim, so a
+50-turn rollout stores each token once.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+
+from .errors import InvalidRecord
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _u32(ids) -> array:
+    if isinstance(ids, array) and ids.typecode == "I":
+        return ids
+    try:
+        return array("I", ids)
+    except OverflowError as exc:
+        raise InvalidRecord(f"token id out of range in {list(ids)[:8]}...: ids must be 0 <= id < 2**32") from exc
+
+
+def ids_to_bytes(ids) -> bytes:
+    """Raw little-endian uint32 bytes (the form deltas are computed on)."""
+    arr = _u32(ids)
+    if _BIG_ENDIAN:
+        arr = array("I", arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def bytes_to_ids(raw: bytes) -> list[int]:
+    arr = array("I")
+    arr.frombytes(raw)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def pack_ids(ids) -> bytes:
+    raw = ids if isinstance(ids, (bytes, bytearray, memoryview)) else ids_to_bytes(ids)
+    raw = bytes(raw)
+    if len(raw) >= 256:
+        packed = zlib.compress(raw, 1)
+        if len(packed) <= len(raw) * 3 // 4:
+            return b"Z" + packed
+    return b"I" + raw
+
+
+def unpack_ids_raw(blob: bytes) -> bytes:
+    tag, body = blob[:1], blob[1:]
+    if tag == b"I":
+        return body
+    if tag == b"Z":
+        return zlib.decompress(body)
+    raise InvalidRecord(f"token array tag {tag!r} unknown: expected b'I' or b'Z' (written by a newer OpenForge?)")
+
+
+def unpack_ids(blob: bytes | None) -> list[int] | None:
+    return None if blob is None else bytes_to_ids(unpack_ids_raw(blob))
+
+
+def pack_logprobs(values) -> bytes:
+    arr = array("f", values)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return b"f" + arr.tobytes()
+
+
+def unpack_logprobs(blob: bytes | None) -> list[float] | None:
+    if blob is None:
+        return None
+    if blob[:1] != b"f":
+        raise InvalidRecord(f"logprob array tag {blob[:1]!r} unknown: expected b'f'")
+    arr = array("f")
+    arr.frombytes(blob[1:])
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def common_prefix_items(a: bytes, b: bytes, itemsize: int = 4) -> int:
+    """Number of leading ``itemsize``-byte items that ``a`` and ``b`` share (binary search over memcmp)."""
+    n = min(len(a), len(b)) // itemsize
+    ma, mb = memoryview(a), memoryview(b)
+    if ma[: n * itemsize] == mb[: n * itemsize]:
+        return n
+    lo, hi = 0, n  # invariant: prefix of lo items equal, of hi items not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ma[: mid * itemsize] == mb[: mid * itemsize]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

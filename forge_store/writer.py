@@ -1,0 +1,225 @@
+"""The store's one writer: journal first (group-commit fsync), then batched, idempotent database writes.
+
+``submit`` returns once the operation is durable in the local journal; a background thread batches journaled
+operations into database transactions (:func:`forge_store.apply.apply_ops`) and advances the journal checkpoint
+after each commit. While the database is unreachable, operations keep landing in the journal; the writer retries
+with back-off and drains when it returns. After a crash, everything after the checkpoint is replayed (apply is
+idempotent, so a batch that committed just before the crash is harmless to re-apply).
+
+Two threads, one lock:
+- the *journaler* takes every operation submitted so far, appends them with one fsync, wakes their submitters and
+  hands them, in journal order, to the writer's in-memory queue;
+- the *writer* applies that queue in batches. If the queue would grow past ``max_queue`` (a long outage), the
+  in-memory copies are dropped and the writer catches up by reading the journal files instead, so memory stays
+  bounded however long the database is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+
+import msgpack
+import sqlalchemy as sa
+
+from .apply import apply_ops
+from .journal import Journal, Position
+
+log = logging.getLogger("forge_store.writer")
+
+TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
+
+
+def encode(op: dict) -> bytes:
+    return msgpack.packb(op, datetime=True, use_bin_type=True)
+
+
+def decode(payload: bytes) -> dict:
+    return msgpack.unpackb(payload, timestamp=3, raw=False, strict_map_key=False)
+
+
+class Writer:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        journal: Journal,
+        *,
+        batch_size: int = 512,
+        interval_s: float = 0.01,
+        retry_max_s: float = 5.0,
+        max_queue: int = 20_000,
+        dead_letter_dir: Path | None = None,
+    ):
+        self.engine, self.journal = engine, journal
+        self.batch_size, self.interval_s, self.retry_max_s, self.max_queue = batch_size, interval_s, retry_max_s, max_queue
+        self.dead_letter_dir = dead_letter_dir or Path(journal.directory) / "dead-letter"
+        self._lock = threading.Condition()
+        self._incoming: list[tuple[dict, bytes, Future]] = []
+        self._queue: deque[tuple[Position, list[dict]]] = deque()  # journaled groups not yet applied
+        self._queued = 0
+        self._applied: Position | None = journal.committed()
+        self._last: Position | None = self._applied
+        self._catch_up = False
+        for pos, _ in journal.pending():  # anything journaled but not applied before a crash: replay from disk
+            self._last, self._catch_up = pos, True
+        self._closing = False
+        self.db_down_since: float | None = None
+        self.batches = self.applied_ops = self.dead_letters = 0
+        self._threads = [
+            threading.Thread(target=self._journaler, name="forge-store-journaler", daemon=True),
+            threading.Thread(target=self._writer, name="forge-store-writer", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ---- submit side -------------------------------------------------------------------------------------
+    def submit(self, op: dict) -> Future:
+        """Queue ``op`` for the journal; the returned future resolves once it is durable there."""
+        fut: Future = Future()
+        payload = encode(op)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("store is closed: open it again to write")
+            self._incoming.append((op, payload, fut))
+            self._lock.notify_all()
+        return fut
+
+    def _journaler(self) -> None:
+        while True:
+            with self._lock:
+                while not self._incoming and not self._closing:
+                    self._lock.wait()
+                if not self._incoming and self._closing:
+                    return
+                batch, self._incoming = self._incoming, []
+            try:
+                pos = self.journal.append_many([payload for _, payload, _ in batch])
+            except BaseException as exc:  # the journal disk failed: nobody may be told their write is safe
+                log.exception("journal append failed; %d writes not acknowledged", len(batch))
+                for _, _, fut in batch:
+                    fut.set_exception(exc)
+                continue
+            with self._lock:
+                self._last = pos
+                if self._catch_up or self._queued + len(batch) > self.max_queue:
+                    self._catch_up = True  # the writer reads these back from the journal files
+                else:
+                    self._queue.append((pos, [op for op, _, _ in batch]))
+                    self._queued += len(batch)
+                self._lock.notify_all()
+            for _, _, fut in batch:
+                fut.set_result(pos)
+
+    # ---- database side -----------------------------------------------------------------------------------
+    def _next_groups(self) -> list[tuple[Position, list[dict]]]:
+        with self._lock:
+            while not self._queue and not self._catch_up and not self._closing:
+                self._lock.wait(timeout=1.0)
+            if self._queue:
+                groups, n = [], 0
+                while self._queue and n < self.batch_size:
+                    pos, ops = self._queue.popleft()
+                    groups.append((pos, ops))
+                    n += len(ops)
+                self._queued -= n
+                return groups
+            if not self._catch_up:
+                return []
+            if self._last == self._applied:
+                self._catch_up = False
+                return []
+            until, after = self._last, self._applied
+        groups = []
+        for pos, payload in self.journal.replay(after):
+            groups.append((pos, [decode(payload)]))
+            if pos >= until or len(groups) >= self.batch_size:
+                break
+        return groups
+
+    def _writer(self) -> None:
+        while True:
+            groups = self._next_groups()
+            if not groups:
+                with self._lock:
+                    if self._closing and not self._queue and not self._catch_up and not self._incoming:
+                        return
+                continue
+            groups = [(pos, ops) for pos, ops in groups if self._applied is None or pos > self._applied]
+            if not groups:
+                continue
+            if self._apply_with_retry([op for _, ops in groups for op in ops]) is False:
+                return  # closing while the database is down: the journal keeps everything
+            last = groups[-1][0]
+            self.journal.mark_committed(last)
+            with self._lock:
+                self._applied = last
+                self.batches += 1
+                self.applied_ops += sum(len(ops) for _, ops in groups)
+                self._lock.notify_all()
+
+    def _apply_with_retry(self, ops: list[dict]) -> bool:
+        delay = 0.05
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    apply_ops(conn, ops)
+                if self.db_down_since is not None:
+                    log.warning("database is back after %.1fs; draining the journal", time.monotonic() - self.db_down_since)
+                    self.db_down_since = None
+                return True
+            except TRANSIENT as exc:
+                if self.db_down_since is None:
+                    self.db_down_since = time.monotonic()
+                    log.warning("database unreachable (%s); writes stay in the journal and will drain", exc.__class__.__name__)
+                with self._lock:
+                    if self._closing and self._give_up_on_close:
+                        return False
+                    self._lock.wait(timeout=delay)
+                delay = min(delay * 2, self.retry_max_s)
+            except sa.exc.DBAPIError:
+                if len(ops) == 1:
+                    self._dead_letter(ops[0])
+                    return True
+                mid = len(ops) // 2  # find the poison operation, keep the rest
+                return self._apply_with_retry(ops[:mid]) and self._apply_with_retry(ops[mid:])
+
+    def _dead_letter(self, op: dict) -> None:
+        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it."""
+        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
+        path.write_bytes(encode(op))
+        self.dead_letters += 1
+        log.error("database rejected a %s write; kept in %s for inspection", op.get("k"), path)
+
+    # ---- control ------------------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted so far is in the database. False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._incoming or self._last != self._applied:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._lock.wait(timeout=remaining if remaining is not None else 1.0)
+        return True
+
+    def pending_ops(self) -> int:
+        with self._lock:
+            return self._queued + len(self._incoming)
+
+    _give_up_on_close = False
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Stop both threads. Waits up to ``timeout`` for the database; what is left stays in the journal."""
+        drained = self.flush(timeout)
+        with self._lock:
+            self._closing = True
+            self._give_up_on_close = True
+            self._lock.notify_all()
+        for t in self._threads:
+            t.join(timeout=max(timeout or 0, 5.0))
+        return drained

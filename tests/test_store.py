@@ -1,0 +1,219 @@
+"""The Store API on real SQLite and real PostgreSQL: idempotency, order, deltas, watermarks, append-only rows."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from forge_store import InvalidRecord, NotFound, RolloutFilter, open_store
+from forge_store.schema import Call, Message
+from tests.conftest import make_call
+
+
+@pytest.fixture(params=[False, True], ids=["direct", "journal"])
+def store(request, store_url, settings):
+    st = open_store(store_url, journal=request.param, settings=settings)
+    yield st
+    st.close()
+
+
+def _seed_rollout(st, rid="r1", turns=5):
+    st.register_task("t1", domain="files", metadata={"reference_steps": 3})
+    st.register_policy_version("p1", model_name="smollm2")
+    st.create_group("g1", task_id="t1", target_size=2, policy_version_id="p1")
+    st.start_rollout(rid, group_id="g1", task_id="t1", policy_version_id="p1", backend="local")
+    for turn in range(turns):
+        st.record_call(make_call(f"{rid}-c{turn}", rid, turn, policy_version_id="p1"))
+    st.flush()
+
+
+def test_calls_round_trip_in_order_with_full_prompts(store):
+    _seed_rollout(store, turns=4)
+    calls = store.calls("r1")
+    assert [c.id for c in calls] == ["r1-c0", "r1-c1", "r1-c2", "r1-c3"]
+    for turn, c in enumerate(calls):
+        expected = make_call("x", "r1", turn)
+        assert c.messages == expected.messages
+        assert c.prompt_token_ids == expected.prompt_token_ids
+        assert c.completion_token_ids == expected.completion_token_ids
+        assert c.completion_logprobs == pytest.approx([-0.5] * 3)
+        assert c.tools == expected.tools
+        assert c.params == {"model": "m", "temperature": 1.0}
+        assert c.token_exact and c.policy_version_id == "p1" and c.finish_reason == "stop"
+        assert c.started_at.tzinfo is not None
+
+
+def test_recording_the_same_call_twice_leaves_one_row(store):
+    _seed_rollout(store, turns=2)
+    store.record_call(make_call("r1-c1", "r1", 1))
+    store.flush()
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(Call)).scalar_one() == 2
+
+
+def test_same_call_from_a_second_writer_is_one_row(store_url, settings):
+    """Two processes' stores (fresh encoders) recording one id: still one row."""
+    with open_store(store_url, settings=settings) as a, open_store(store_url, settings=settings) as b:
+        a.record_call(make_call("c", "r", 0))
+        b.record_call(make_call("c", "r", 0))
+        assert len(a.calls("r")) == 1
+
+
+def test_prompts_are_stored_as_deltas(store):
+    _seed_rollout(store, turns=6)
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(Call.__table__).order_by(Call.seq)).all()
+        n_messages = conn.execute(sa.select(sa.func.count()).select_from(Message)).scalar_one()
+    # each later call stores only its new messages and tokens
+    assert rows[0].prompt_base_call_id is None and len(rows[0].prompt_tail) == 2
+    for prev, row in zip(rows, rows[1:]):
+        assert row.prompt_base_call_id == prev.id
+        assert len(row.prompt_tail) == 2  # the assistant turn + the new observation
+        assert row.prompt_ids_base_call_id == prev.id
+        assert row.prompt_ids_prefix_len == len(make_call("x", "r", prev.seq).prompt_token_ids)
+    distinct = {m["content"] for t in range(6) for m in make_call("x", "r", t).messages}
+    assert n_messages == len(distinct)
+
+
+def test_prompt_that_does_not_extend_starts_fresh(store):
+    """Context compaction: a prompt that is not a prefix extension is stored whole and reads back exactly."""
+    store.record_call(make_call("a", "r", 0))
+    compacted = [{"role": "system", "content": "summary of earlier work"}, {"role": "user", "content": "go on"}]
+    store.record_call(make_call("b", "r", 1, messages=compacted, prompt_ids=[900, 901, 902]))
+    store.flush()
+    a, b = store.calls("r")
+    assert b.messages == compacted and b.prompt_token_ids == [900, 901, 902]
+    with store.engine.connect() as conn:
+        row = conn.execute(sa.select(Call.__table__).where(Call.id == "b")).one()
+    assert row.prompt_ids_base_call_id is None and row.prompt_ids_prefix_len == 0
+
+
+def test_partial_token_prefix(store):
+    """A template that drops the previous completion's tail: the shared prefix is reused, the rest stored."""
+    store.record_call(make_call("a", "r", 0, prompt_ids=[1, 2, 3, 4], completion_ids=[5, 6, 7]))
+    store.record_call(make_call("b", "r", 1, prompt_ids=[1, 2, 3, 4, 5, 99, 100]))
+    store.flush()
+    assert store.calls("r")[1].prompt_token_ids == [1, 2, 3, 4, 5, 99, 100]
+    assert store.call("b").prompt_token_ids == [1, 2, 3, 4, 5, 99, 100]
+
+
+def test_calls_without_ids_and_without_rollout(store):
+    rec = make_call("hosted", None, 0, prompt_ids=None, completion_ids=None)
+    rec.prompt_token_ids = rec.completion_token_ids = rec.completion_logprobs = None
+    rec.token_exact = False
+    store.record_call(rec)
+    store.flush()
+    c = store.call("hosted")
+    assert c.prompt_token_ids is None and c.completion_token_ids is None and not c.token_exact
+
+
+def test_watermark_is_monotonic_and_pins_reads(store):
+    w0 = store.watermark()
+    _seed_rollout(store, turns=2)
+    w1 = store.watermark()
+    assert w1 > w0
+    store.record_call(make_call("r1-c2", "r1", 2))
+    store.finish_rollout("r1", "success")
+    store.add_reward("r1", 1.0, verifier_version="v1")
+    store.flush()
+    w2 = store.watermark()
+    assert w2 > w1
+    assert [c.id for c in store.calls("r1", as_of=w1)] == ["r1-c0", "r1-c1"]
+    assert store.rollout("r1", as_of=w1).status == "running"
+    assert store.rollout("r1", as_of=w1).outcome is None
+    assert store.rollout("r1").outcome == "success"
+    assert store.rewards("r1", as_of=w1) == []
+    traj = store.trajectory("r1")
+    assert len(traj.calls) == 3 and traj.rewards[0].value == 1.0 and traj.rollout.status == "finished"
+
+
+def test_rewards_and_events_are_append_only(store):
+    _seed_rollout(store, turns=1)
+    first = store.add_reward("r1", 0.0)
+    store.add_reward("r1", 1.0, source="judge")
+    store.add_reward("r1", 0.0, id=first)  # replay of the first: no new row, no overwrite
+    store.add_event("sandbox.started", source="local", rollout_id="r1", detail={"pid": 1})
+    store.add_event("sandbox.started", source="local", rollout_id="r1", detail={"pid": 1})
+    store.flush()
+    assert [(r.value, r.source) for r in store.rewards("r1")] == [(0.0, "verifier"), (1.0, "judge")]
+    assert len(store.events("r1")) == 2
+
+
+def test_first_finish_wins(store):
+    _seed_rollout(store, turns=1)
+    store.finish_rollout("r1", "infra_error", detail="sandbox lost")
+    store.finish_rollout("r1", "success")
+    store.flush()
+    r = store.rollout("r1")
+    assert (r.outcome, r.outcome_detail, r.status) == ("infra_error", "sandbox lost", "finished")
+
+
+def test_finish_without_start_creates_the_row(store):
+    store.finish_rollout("orphan", "cancelled")
+    store.flush()
+    assert store.rollout("orphan").outcome == "cancelled"
+
+
+def test_iter_rollouts_filters(store):
+    _seed_rollout(store, "r1", turns=1)
+    store.start_rollout("r2", task_id="t2")
+    store.finish_rollout("r1", "failure")
+    store.flush()
+    assert [r.id for r in store.iter_rollouts()] == ["r1", "r2"]
+    assert [r.id for r in store.iter_rollouts(RolloutFilter(task_id="t2"))] == ["r2"]
+    assert [r.id for r in store.iter_rollouts(RolloutFilter(outcome="failure"))] == ["r1"]
+    assert [r.id for r in store.iter_rollouts(RolloutFilter(finished=False))] == ["r2"]
+
+
+def test_blobs_are_content_addressed_and_stored_once(store):
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 10
+    a = store.put_blob(png, "image/png")
+    b = store.put_blob(png, "image/png")
+    store.flush()
+    assert a == b and store.get_blob(a) == png
+    assert store.counts()["blobs"] == 1
+    assert len(list(store.blobs.root.rglob(a))) == 1
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda st: st.finish_rollout("r", "exploded"), "rollout outcome 'exploded' is not one of"),
+        (lambda st: st.add_exclusion("bored", rollout_id="r"), "exclusion reason 'bored'"),
+        (lambda st: st.add_exclusion("filtered"), "pass rollout_id, call_id"),
+        (lambda st: st.add_reward("r", float("nan")), "NaN"),
+        (lambda st: st.add_reward("r", 1.0, source="vibes"), "reward source 'vibes'"),
+        (lambda st: st.create_group(task_id="t", target_size=0), "at least 1"),
+    ],
+)
+def test_invalid_records_are_rejected_with_the_rule(store, call, message):
+    with pytest.raises(InvalidRecord, match=message):
+        call(store)
+
+
+def test_logprob_count_must_match_tokens(store):
+    rec = make_call("c", "r", 0)
+    rec.completion_logprobs = [-1.0]
+    with pytest.raises(InvalidRecord, match="1 logprobs for 3 completion tokens"):
+        store.record_call(rec)
+
+
+def test_unknown_reads_say_not_found(store):
+    with pytest.raises(NotFound, match="rollout 'nope'"):
+        store.rollout("nope")
+    with pytest.raises(NotFound, match="call 'nope'"):
+        store.call("nope")
+
+
+async def _record_async(store):
+    import asyncio
+
+    await asyncio.gather(*(store.record_call_async(make_call(f"c{i}", f"r{i % 3}", i)) for i in range(30)))
+
+
+def test_record_call_async(store):
+    import asyncio
+
+    asyncio.run(_record_async(store))
+    store.flush()
+    assert sum(len(store.calls(f"r{k}")) for k in range(3)) == 30
