@@ -8,6 +8,7 @@ from .errors import (
     NotFound,
     SchemaMismatch,
     StoreError,
+    StoreUnavailable,
     StoreURLError,
 )
 from .hashing import canonical_json, json_sha256, sha256_hex
@@ -52,6 +53,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreURLError",
+    "StoreUnavailable",
     "StoredCall",
     "Trajectory",
     "canonical_json",

@@ -44,7 +44,7 @@ def create_engine(url: str) -> sa.Engine:
         if driver != "psycopg":
             raise StoreURLError(
                 f"store URL {redact_url(url)!r} uses driver {driver!r}: OpenForge talks to PostgreSQL through "
-                f"psycopg 3; write it as postgresql+psycopg://..."
+                "psycopg 3; write it as postgresql+psycopg://... (or postgresql://...)"
             )
         return sa.create_engine(parsed, pool_pre_ping=True, pool_size=4, max_overflow=4,
                                 connect_args={"connect_timeout": 5})

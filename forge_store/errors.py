@@ -9,6 +9,10 @@ class StoreURLError(StoreError, ValueError):
     """A store URL that cannot be used."""
 
 
+class StoreUnavailable(StoreError):
+    """The database could not be reached when the store was opened."""
+
+
 class SchemaMismatch(StoreError):
     """The database is not at this code's migration head (empty, older, newer or foreign)."""
 

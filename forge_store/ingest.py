@@ -21,6 +21,7 @@ from .tokens import common_prefix_items, ids_to_bytes, pack_ids, pack_logprobs
 @dataclass
 class _RolloutState:
     call_id: str
+    messages: list[dict]
     prompt_hashes: list[str]
     full_ids: bytes | None  # prompt + completion token ids, uint32 LE
 
@@ -59,13 +60,26 @@ class CallEncoder:
             raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
         if rec.started_at.tzinfo is None:
             raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
-        bodies = [canonical_json(m).decode() for m in rec.messages]
-        hashes = [sha256_hex(b.encode()) for b in bodies]
+        # Messages equal to the previous call's (Python ==, a C-speed deep compare) reuse its hashes, so a call
+        # costs O(new content). Values Python calls equal but JSON spells differently (1, 1.0, true) inside an
+        # otherwise identical earlier message keep the earlier spelling: harmless for chat content.
+        with self._lock:
+            state = self._rollouts.get(rec.rollout_id) if rec.rollout_id else None
+        same = 0
+        if state is not None:
+            for old, new in zip(state.messages, rec.messages):
+                if old != new:
+                    break
+                same += 1
+        bodies = [None] * same + [canonical_json(m).decode() for m in rec.messages[same:]]
+        hashes = (state.prompt_hashes[:same] if state else []) + [sha256_hex(b.encode()) for b in bodies[same:]]
         tools_body = canonical_json(rec.tools).decode() if rec.tools else None
         tools_hash = sha256_hex(tools_body.encode()) if tools_body else None
         prompt_raw = ids_to_bytes(rec.prompt_token_ids) if rec.prompt_token_ids is not None else None
         response_message_hash = json_sha256(rec.response_message) if rec.response_message is not None else None
-        request_hash = rec.request_hash or json_sha256({"messages": rec.messages, "tools": rec.tools, **rec.params})
+        # Without a hash from the caller, hash the request Merkle-style (message hashes, tools hash, params):
+        # equal requests still hash equal, at O(new content) cost.
+        request_hash = rec.request_hash or json_sha256({"messages": hashes, "tools": tools_hash, "params": rec.params})
         if rec.completion_logprobs is not None and rec.completion_token_ids is not None and len(
             rec.completion_logprobs
         ) != len(rec.completion_token_ids):
@@ -78,7 +92,8 @@ class CallEncoder:
             if rec.id in self._recent_calls:
                 return None
             self._remember(self._recent_calls, rec.id, self.max_hashes)
-            state = self._rollouts.get(rec.rollout_id) if rec.rollout_id else None
+            if rec.rollout_id and self._rollouts.get(rec.rollout_id) is not state:
+                state = self._rollouts.get(rec.rollout_id)  # another call of this rollout got in between
             base_call, base_len, ids_base, ids_prefix = None, 0, None, 0
             if state is not None:
                 base_len = _common_prefix(state.prompt_hashes, hashes)
@@ -89,13 +104,13 @@ class CallEncoder:
             new_msgs = {}
             for h, body, m in zip(hashes[base_len:], bodies[base_len:], rec.messages[base_len:]):
                 if h not in self._journaled:
-                    new_msgs[h] = (m.get("role"), body)
+                    new_msgs[h] = (m.get("role"), body if body is not None else canonical_json(m).decode())
                 self._remember(self._journaled, h, self.max_hashes)
             if rec.rollout_id:
                 full = None
                 if prompt_raw is not None:
                     full = prompt_raw + (ids_to_bytes(rec.completion_token_ids) if rec.completion_token_ids else b"")
-                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, hashes, full)
+                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, list(rec.messages), hashes, full)
                 self._rollouts.move_to_end(rec.rollout_id)
                 while len(self._rollouts) > self.max_rollouts:
                     self._rollouts.popitem(last=False)

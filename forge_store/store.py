@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -19,8 +20,8 @@ from . import migrate, reads, schema
 from .apply import apply_ops
 from .blobs import BlobStore, LocalBlobStore
 from .engine import create_engine, redact_url
-from .errors import InvalidRecord
-from .hashing import json_sha256
+from .errors import InvalidRecord, StoreUnavailable
+from .hashing import json_sha256, sha256_hex
 from .ingest import CallEncoder
 from .journal import Journal
 from .records import (
@@ -55,6 +56,7 @@ class Store:
         self.engine, self.blobs, self.settings = engine, blobs, settings
         self.url = redact_url(engine.url.render_as_string(hide_password=False))
         self._encoder = CallEncoder()
+        self._known_blobs: OrderedDict[str, None] = OrderedDict()
         self._writer = None
         if journal is not None:
             self._writer = Writer(
@@ -202,9 +204,23 @@ class Store:
         return id
 
     def put_blob(self, data: bytes, media_type: str | None = None) -> str:
-        """Store bytes once under their sha256 (written before this returns) and index them; returns the hash."""
-        sha = self.blobs.put(data)
-        self._write({"k": "blob", "r": dict(sha256=sha, size=len(data), media_type=media_type)})
+        """Store bytes once under their sha256 and index them; returns the hash.
+
+        The bytes are durable when this returns. The index row rides the journal without waiting for its own
+        fsync: any call that references the blob is journaled after it and waits for that, which covers both.
+        """
+        sha = sha256_hex(data)
+        if sha in self._known_blobs:
+            return sha
+        self.blobs.put(data)
+        op = {"k": "blob", "r": dict(sha256=sha, size=len(data), media_type=media_type)}
+        if self._writer is None:
+            self._write(op)
+        else:
+            self._writer.submit(op)
+        self._known_blobs[sha] = None
+        if len(self._known_blobs) > 100_000:
+            self._known_blobs.popitem(last=False)
         return sha
 
     # ---- reads --------------------------------------------------------------------------------------------
@@ -298,6 +314,13 @@ def open_store(url: str | None = None, *, journal: bool = False, name: str = "de
     engine = create_engine(url)
     try:
         migrate.check(engine, redact_url(url), auto_upgrade=settings.auto_upgrade)
+    except sa.exc.OperationalError as exc:
+        engine.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StoreUnavailable(
+            f"cannot open the store at {redact_url(url)}: {reason}. Check the URL, that the server is running, and "
+            "that the database exists (createdb NAME), then retry."
+        ) from None
     except BaseException:
         engine.dispose()
         raise

@@ -1,0 +1,116 @@
+"""Content addressing pieces: canonical JSON, token packing and deltas, the blob store, image extraction."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+
+import pytest
+
+from forge_store import BlobCorrupt, BlobNotFound, InvalidRecord, LocalBlobStore, canonical_json, json_sha256
+from forge_store.images import REF_PREFIX, extract_images, restore_images
+from forge_store.tokens import (
+    common_prefix_items,
+    ids_to_bytes,
+    pack_ids,
+    pack_logprobs,
+    unpack_ids,
+    unpack_logprobs,
+)
+
+
+def test_canonical_json_is_order_independent_and_strict():
+    assert canonical_json({"b": 1, "a": [1, "é"]}) == '{"a":[1,"é"],"b":1}'.encode()
+    assert json_sha256({"a": 1, "b": 2}) == json_sha256({"b": 2, "a": 1})
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+
+
+@pytest.mark.parametrize("ids", [[], [0], [1, 2, 3], list(range(100_000)), [2**32 - 1] * 70, [5] * 1000])
+def test_token_arrays_round_trip(ids):
+    assert unpack_ids(pack_ids(ids)) == ids
+
+
+def test_repetitive_ids_are_compressed_and_random_ones_are_not():
+    assert pack_ids([5] * 1000)[:1] == b"Z" and len(pack_ids([5] * 1000)) < 100
+    random_ids = list(int.from_bytes(os.urandom(4), "little") for _ in range(500))
+    assert pack_ids(random_ids)[:1] == b"I"
+
+
+def test_token_ids_out_of_range():
+    with pytest.raises(InvalidRecord, match="0 <= id < 2\\*\\*32"):
+        pack_ids([-1])
+
+
+def test_logprobs_round_trip_as_float32():
+    values = [-0.1, -2.5, 0.0, -30.25]
+    assert unpack_logprobs(pack_logprobs(values)) == pytest.approx(values, abs=1e-6)
+
+
+@pytest.mark.parametrize("a, b, n", [([], [], 0), ([1, 2, 3], [1, 2, 3, 4], 3), ([1, 2, 3], [1, 9], 1),
+                                     ([9], [1], 0), (list(range(5000)), list(range(4000)) + [0], 4000)])
+def test_common_prefix(a, b, n):
+    assert common_prefix_items(ids_to_bytes(a), ids_to_bytes(b)) == n
+
+
+def test_blob_store_dedups_and_detects_damage(tmp_path):
+    blobs = LocalBlobStore(tmp_path)
+    sha = blobs.put(b"hello")
+    assert blobs.put(b"hello") == sha and blobs.get(sha) == b"hello"
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [sha]
+    blobs.path(sha).write_bytes(b"HELLO")
+    with pytest.raises(BlobCorrupt, match=sha):
+        blobs.get(sha)
+    with pytest.raises(BlobNotFound, match="OPENFORGE_BLOB_DIR"):
+        blobs.get("0" * 64)
+
+
+def test_blob_writes_are_atomic_under_concurrency(tmp_path):
+    blobs = LocalBlobStore(tmp_path)
+    data = os.urandom(1 << 20)
+    threads = [threading.Thread(target=blobs.put, args=(data,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) == 1 and files[0].read_bytes() == data
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
+B64 = base64.b64encode(PNG).decode()
+
+
+def _messages():
+    return [
+        {"role": "system", "content": "look"},
+        {"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}",
+                                                                         "detail": "low"}}]},
+        {"role": "user", "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{B64}"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}}]}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.invalid/x.png"}}]},
+    ]
+
+
+def test_images_move_to_blobs_and_come_back_exactly(tmp_path):
+    blobs = LocalBlobStore(tmp_path)
+    original = _messages()
+    stored, hashes = extract_images(original, lambda data, media: blobs.put(data))
+    assert original == _messages()  # input untouched
+    assert hashes == [blobs.put(PNG)] * 3
+    assert B64 not in canonical_json(stored).decode()
+    assert canonical_json(stored).decode().count(REF_PREFIX) == 3
+    assert stored[0] is original[0] and stored[4] is original[4]  # untouched messages are not copied
+    assert restore_images(stored, blobs.get) == original
+
+
+def test_undecodable_image_names_the_message(tmp_path):
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]
+    with pytest.raises(InvalidRecord, match="message 0: image data is not valid base64"):
+        extract_images(bad, lambda d, m: "x")
+    with pytest.raises(InvalidRecord, match="not base64"):
+        extract_images([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,plain"}}]}],
+                       lambda d, m: "x")
