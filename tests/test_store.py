@@ -217,3 +217,18 @@ def test_record_call_async(store):
     asyncio.run(_record_async(store))
     store.flush()
     assert sum(len(store.calls(f"r{k}")) for k in range(3)) == 30
+
+
+def test_public_surface_is_pinned():
+    """Other parts import only what forge_store exports; a change here is an API change."""
+    import forge_store
+
+    assert sorted(forge_store.__all__) == sorted([
+        "API_SURFACES", "EXCLUSION_REASONS", "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt", "BlobNotFound",
+        "BlobStore", "CallRecord", "EventInfo", "InvalidRecord", "JournalCorrupt", "JournalError", "JournalLocked",
+        "LocalBlobStore", "NotFound", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings",
+        "Store", "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "Trajectory", "canonical_json",
+        "get_settings", "json_sha256", "open_store", "sha256_hex",
+    ])
+    for name in forge_store.__all__:
+        assert hasattr(forge_store, name), name
