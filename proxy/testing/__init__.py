@@ -1,0 +1,41 @@
+"""Test doubles that ship with OpenForge, for our tests and for users' own.
+
+`ScriptedUpstream` stands in for a vLLM / SGLang OpenAI server (which needs a GPU): it speaks vLLM's
+token-id protocol, tokenizes with SmolLM2's real tokenizer and answers from a script.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from proxy.testing.script import Delay, HTTPError, Script, Step, Text, ToolCall, ToolCalls, load_script
+from proxy.testing.server import UpstreamServer, run_upstream
+from proxy.testing.tokenizer import ChatTokenizer, load_smollm2_tokenizer, load_tokenizer_from_gguf
+
+# Imported on first use, so that `python -m proxy.testing.upstream` does not load the module twice.
+_LAZY = {"RecordedRequest", "ScriptedUpstream"}
+
+__all__ = [
+    "ChatTokenizer",
+    "Delay",
+    "HTTPError",
+    "RecordedRequest",
+    "Script",
+    "ScriptedUpstream",
+    "Step",
+    "Text",
+    "ToolCall",
+    "ToolCalls",
+    "UpstreamServer",
+    "load_script",
+    "load_smollm2_tokenizer",
+    "load_tokenizer_from_gguf",
+    "run_upstream",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("proxy.testing.upstream"), name)
+    raise AttributeError(f"module 'proxy.testing' has no attribute {name!r}")
