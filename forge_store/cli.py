@@ -27,6 +27,15 @@ store_app = typer.Typer(help="Inspect, snapshot and drain the lineage store.", n
 app.add_typer(db_app, name="db")
 app.add_typer(store_app, name="store")
 
+def _register_parts() -> None:
+    """Commands of the other parts; each module defers its heavy imports until its command runs."""
+    from proxy.cli import proxy_command
+
+    app.command("proxy")(proxy_command)
+
+
+_register_parts()
+
 console = Console()
 err = Console(stderr=True)
 

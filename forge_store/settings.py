@@ -32,6 +32,33 @@ class Settings(BaseSettings):
         default=True, description="Create the schema when a store is opened on an empty database."
     )
 
+    # The recording proxy (``openforge proxy``).
+    proxy_admin_token: str | None = Field(
+        default=None, description="Bearer token for the proxy's /admin API. Default: generated into HOME/proxy-admin-token."
+    )
+    proxy_token_secret: str | None = Field(
+        default=None, description="HMAC secret that signs rollout tokens. Default: generated into HOME/proxy-secret."
+    )
+    proxy_max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest request body the proxy accepts.")
+    proxy_connect_timeout_s: float = Field(default=5.0, gt=0, description="Upstream connect timeout.")
+    proxy_read_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest silence from the upstream (per read) before the call is a 504."
+    )
+    proxy_journal_fsync: bool = Field(
+        default=False,
+        description="fsync the proxy's journal before answering (survives power loss, costs a disk flush per "
+        "call). Off: a call is in the kernel before its answer's last byte, which survives kill -9.",
+    )
+    proxy_redact: list[str] = Field(
+        default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys"],
+        description="Redaction rules applied to everything the proxy stores (names from proxy.redaction.RULES).",
+    )
+    proxy_upstream_api_key: str | None = Field(default=None, description="API key the proxy presents upstream.")
+    proxy_allow_unbound: bool = Field(
+        default=False, description="Accept calls without a rollout token (recorded with no rollout)."
+    )
+    proxy_pause_max_s: float = Field(default=300.0, gt=0, description="Longest a call waits while the proxy is paused.")
+
     def resolved_store_url(self) -> str:
         return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"
 

@@ -1,0 +1,218 @@
+"""The proxy's HTTP edge: thin routes, auth extraction, error shapes. The work lives in ``ProxyService``.
+
+Harness routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, also under ``/r/{token}/v1/...``
+for harnesses that cannot set an API key. Operator routes: ``/health``, ``/metrics``, and ``/admin/*`` (bearer
+admin token): register/end rollouts, record and switch policy versions, pause/drain/resume.
+"""
+
+from __future__ import annotations
+
+import hmac
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from forge_store import InvalidRecord, NotFound, Store
+
+from . import openai_chat, openai_completions
+from .errors import ProxyError
+from .service import ProxyService, parse_json
+
+
+def _token_from_headers(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+class RolloutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rollout_id: str | None = None
+    task_id: str | None = None
+    group_id: str | None = None
+    run_id: str | None = None
+    harness_id: str | None = None
+    policy_version_id: str | None = None
+    backend: str | None = None
+    attempt: int = 1
+    retry_of: str | None = None
+    metadata: dict | None = None
+    ttl_s: float | None = None
+
+
+class RolloutEnd(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    outcome: str | None = None
+    detail: str | None = None
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    model_name: str
+    checkpoint_id: str | None = None
+    checkpoint_hash: str | None = None
+    global_step: int | None = None
+    tokenizer_hash: str | None = None
+    chat_template_hash: str | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    sampling_defaults: dict | None = None
+    activate: bool = True
+
+
+class PauseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    drain: bool = True
+    timeout_s: float = 300.0
+
+
+def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
+    store: Store = service.store
+    registry = service.registry
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await service.upstream.start()
+        yield
+        await service.upstream.close()
+
+    app = FastAPI(title="OpenForge recording proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError):
+        service.metrics.errors.labels(str(exc.status), exc.code or "").inc()
+        return Response(orjson.dumps(exc.openai_body()), status_code=exc.status, media_type="application/json")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return JSONResponse({"error": {"message": str(exc.errors()), "type": "invalid_request_error",
+                                       "param": None, "code": "invalid_admin_request"}}, status_code=422)
+
+    # ---- harness routes ----------------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await service.call(request, openai_chat, _token_from_headers(request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await service.call(request, openai_completions, _token_from_headers(request))
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        await registry.authorize(_token_from_headers(request))
+        ans = await service.upstream.request("GET", "/v1/models")
+        return Response(ans.body, status_code=ans.status, media_type=ans.content_type or "application/json")
+
+    @app.post("/r/{token}/v1/chat/completions")
+    async def chat_path(token: str, request: Request):
+        return await service.call(request, openai_chat, token)
+
+    @app.post("/r/{token}/v1/completions")
+    async def completions_path(token: str, request: Request):
+        return await service.call(request, openai_completions, token)
+
+    @app.get("/r/{token}/v1/models")
+    async def models_path(token: str):
+        await registry.authorize(token)
+        ans = await service.upstream.request("GET", "/v1/models")
+        return Response(ans.body, status_code=ans.status, media_type=ans.content_type or "application/json")
+
+    # ---- operators ---------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "paused": registry.paused, "in_flight": registry.in_flight,
+                "policy_version": registry.policy_version, "store": store.writer_status()}
+
+    @app.get("/metrics")
+    async def metrics():
+        service.metrics.in_flight.set(registry.in_flight)
+        service.metrics.paused.set(1 if registry.paused else 0)
+        service.metrics.store_pending.set(store.writer_status().get("pending_ops", 0))
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def admin(request: Request) -> None:
+        token = _token_from_headers(request)
+        if not token or not hmac.compare_digest(token, admin_token):
+            raise ProxyError(401, "admin API needs the proxy's admin token (Authorization: Bearer ...)",
+                             type="authentication_error", code="invalid_admin_token")
+
+    @app.post("/admin/rollouts")
+    async def register_rollout(request: Request, body: RolloutIn):
+        admin(request)
+        fields = body.model_dump(exclude={"rollout_id", "ttl_s"})
+        fields["policy_version_id"] = fields["policy_version_id"] or registry.policy_version
+        rollout_id = await _to_thread(store.start_rollout, body.rollout_id, **fields)
+        _, token = registry.register(rollout_id, body.ttl_s)
+        return {"rollout_id": rollout_id, "token": token, "path_prefix": f"/r/{token}",
+                "policy_version_id": fields["policy_version_id"]}
+
+    @app.post("/admin/rollouts/{rollout_id}/end")
+    async def end_rollout(rollout_id: str, request: Request, body: RolloutEnd | None = None):
+        admin(request)
+        was_open = registry.end(rollout_id)
+        if body is not None and body.outcome:
+            try:
+                await _to_thread(store.finish_rollout, rollout_id, body.outcome, detail=body.detail)
+            except InvalidRecord as exc:
+                raise ProxyError(400, str(exc), code="invalid_outcome") from None
+        return {"rollout_id": rollout_id, "ended": True, "was_open": was_open}
+
+    @app.post("/admin/policy_versions")
+    async def policy_version(request: Request, body: PolicyIn):
+        admin(request)
+        fields = body.model_dump(exclude={"id", "activate"})
+        await _to_thread(store.register_policy_version, body.id, **fields)
+        if body.activate:
+            await _activate(body.id)
+        return {"policy_version": body.id, "current": registry.policy_version}
+
+    @app.post("/admin/policy_versions/{version}/activate")
+    async def activate(version: str, request: Request):
+        admin(request)
+        await _activate(version)
+        return {"current": registry.policy_version}
+
+    async def _activate(version: str) -> None:
+        previous, registry.policy_version = registry.policy_version, version
+        await _to_thread(store.add_event, "policy_version.activated", source="proxy",
+                         detail={"policy_version": version, "previous": previous})
+
+    @app.post("/admin/pause")
+    async def pause(request: Request, body: PauseIn | None = None):
+        admin(request)
+        body = body or PauseIn()
+        registry.pause()
+        drained = await registry.drain(body.timeout_s) if body.drain else None
+        return {"paused": True, "drained": drained, "in_flight": registry.in_flight}
+
+    @app.post("/admin/resume")
+    async def resume(request: Request):
+        admin(request)
+        registry.resume()
+        return {"paused": False}
+
+    @app.get("/admin/status")
+    async def status(request: Request):
+        admin(request)
+        return {"paused": registry.paused, "in_flight": registry.in_flight, "policy_version": registry.policy_version,
+                "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect}
+
+    return app
+
+
+async def _to_thread(fn, *args, **kwargs):
+    import asyncio
+
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except NotFound as exc:
+        raise ProxyError(404, str(exc), code="not_found") from None
+
+
+__all__ = ["create_app", "parse_json"]

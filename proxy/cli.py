@@ -1,0 +1,55 @@
+"""``openforge proxy``: run the recording proxy (heavy imports happen only when the command runs)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def proxy_command(
+    upstream: str = typer.Option(..., "--upstream", help="Inference server base URL (vLLM, SGLang, any "
+                                 "OpenAI-compatible endpoint), e.g. http://127.0.0.1:8000"),
+    store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8100, "--port", help="Port to listen on."),
+    dialect: str = typer.Option("vllm", "--dialect", help="Upstream token-id dialect: vllm, sglang, or openai "
+                                "(a hosted API: text only, calls marked not token-exact)."),
+    journal: str = typer.Option("proxy", "--journal", help="Journal name; one per proxy process."),
+    policy_version: Optional[str] = typer.Option(None, "--policy-version", help="Policy version current at start."),
+    upstream_api_key: Optional[str] = typer.Option(None, "--upstream-api-key", help="API key the proxy presents "
+                                                   "to the upstream (default: OPENFORGE_PROXY_UPSTREAM_API_KEY)."),
+    workers_log: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Run the recording proxy: harnesses call it instead of the inference server, every call lands in the store."""
+    import socket
+
+    import uvicorn
+    from rich.console import Console
+
+    from forge_store import JournalError, StoreError, get_settings
+
+    from .server import build_proxy
+
+    err = Console(stderr=True)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            err.print(f"[bold red]error:[/] cannot listen on {host}:{port} ({exc.strerror}); pick another --port")
+            raise typer.Exit(2) from None
+    settings = get_settings()
+    try:
+        proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
+                            upstream_api_key=upstream_api_key or settings.proxy_upstream_api_key, policy_version=policy_version)
+    except (StoreError, JournalError, ValueError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    err.print(f"proxy on http://{host}:{port} -> {proxy.service.upstream.base_url} ({dialect}); store {proxy.store.url}; "
+              f"admin token in {settings.home / 'proxy-admin-token'}" if not settings.proxy_admin_token else "")
+    try:
+        uvicorn.run(proxy.app, host=host, port=port, log_level=workers_log, access_log=False, loop="uvloop",
+                    http="httptools")
+    finally:
+        proxy.store.close()

@@ -1,0 +1,94 @@
+"""What an adapter extracts from an upstream answer, and how the stored prompt is prepared.
+
+``Completion`` is the protocol-neutral answer (text, tool calls, reasoning, token ids, logprobs, usage) that every
+adapter fills, streaming or not. ``PromptCache`` makes the stored copy of a prompt (images moved to the blob store,
+redaction applied) cost O(new messages) per call: an agent resends its whole history every turn, so messages
+equal to the previous call's reuse that call's prepared copies.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from forge_store.images import extract_images
+
+from .redaction import Redactor
+
+
+@dataclass
+class Completion:
+    text: str | None = None
+    tool_calls: list[dict] = field(default_factory=list)
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    usage: dict | None = None
+    extra_choices: list[dict] = field(default_factory=list)
+
+    def response(self) -> dict:
+        out = {"text": self.text, "tool_calls": self.tool_calls or None, "reasoning": self.reasoning}
+        if self.extra_choices:
+            out["extra_choices"] = self.extra_choices
+        return out
+
+    def message(self) -> dict:
+        """The assistant message as an OpenAI chat history would carry it into the next prompt."""
+        msg = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+    @property
+    def token_exact(self) -> bool:
+        return self.prompt_token_ids is not None and self.completion_token_ids is not None
+
+    def checked_logprobs(self) -> list[float] | None:
+        if self.logprobs is None or self.completion_token_ids is None:
+            return None
+        return self.logprobs if len(self.logprobs) == len(self.completion_token_ids) else None
+
+
+@dataclass
+class PreparedPrompt:
+    messages: list[dict]
+    image_hashes: list[str]
+    redactions: set[str]
+
+
+class PromptCache:
+    """Per rollout: the previous call's raw messages and their prepared (stored) copies."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # sub-agents may call concurrently within one rollout
+        self.raw: list = []
+        self.prepared: list = []
+        self.images: list[list[str]] = []
+        self.hits: list[set[str]] = []
+
+    def prepare(self, messages: list, put_blob, redactor: Redactor) -> PreparedPrompt:
+        with self._lock:
+            return self._prepare(messages, put_blob, redactor)
+
+    def _prepare(self, messages: list, put_blob, redactor: Redactor) -> PreparedPrompt:
+        same = 0
+        for old, new in zip(self.raw, messages):
+            if old != new:
+                break
+            same += 1
+        prepared, images, hits = self.prepared[:same], self.images[:same], self.hits[:same]
+        for m in messages[same:]:
+            (stored,), found = extract_images([m], put_blob)
+            h: set[str] = set()
+            prepared.append(redactor.apply(stored, h))
+            images.append(found)
+            hits.append(h)
+        self.raw, self.prepared, self.images, self.hits = list(messages), prepared, images, hits
+        return PreparedPrompt(prepared, [x for per in images for x in per], set().union(*hits) if hits else set())
+
+
+def has_inline_data(messages: list, start: int = 0) -> bool:
+    """Cheap test whether messages past ``start`` might carry base64 images (content given as a list of parts)."""
+    return any(not isinstance(m.get("content"), (str, type(None))) for m in messages[start:] if isinstance(m, dict))

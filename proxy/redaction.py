@@ -1,0 +1,57 @@
+"""Field-level redaction of everything the proxy stores (never of what it forwards).
+
+Rules are named regular expressions, chosen by configuration (``OPENFORGE_PROXY_REDACT``). Each match becomes
+``[REDACTED:<rule>]``; the call's metadata lists which rules fired. Token ids are not redacted (they are the
+engine's ground truth and cannot be edited without re-tokenizing): the learner can exclude calls whose metadata
+says a rule fired.
+"""
+
+from __future__ import annotations
+
+import re
+
+RULES: dict[str, re.Pattern] = {
+    "api_keys": re.compile(
+        r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|xox[abpr]-[A-Za-z0-9-]{10,}"
+        r"|AIza[0-9A-Za-z_-]{35})"
+    ),
+    "bearer_tokens": re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}"),
+    "private_keys": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
+    "emails": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+}
+
+
+class Redactor:
+    def __init__(self, rule_names: list[str]):
+        unknown = [n for n in rule_names if n not in RULES]
+        if unknown:
+            raise ValueError(f"redaction rule(s) {unknown} unknown: choose from {', '.join(RULES)}")
+        self.rules = [(n, RULES[n]) for n in rule_names]
+
+    def apply(self, value, hits: set[str]):
+        """``value`` with every match replaced (a copy only where something changed); rule names go into ``hits``."""
+        if not self.rules:
+            return value
+        if isinstance(value, str):
+            for name, rx in self.rules:
+                if rx.search(value):
+                    value = rx.sub(f"[REDACTED:{name}]", value)
+                    hits.add(name)
+            return value
+        if isinstance(value, dict):
+            out = None
+            for k, v in value.items():
+                nv = self.apply(v, hits)
+                if nv is not v:
+                    out = out if out is not None else dict(value)
+                    out[k] = nv
+            return value if out is None else out
+        if isinstance(value, list):
+            out = None
+            for i, v in enumerate(value):
+                nv = self.apply(v, hits)
+                if nv is not v:
+                    out = out if out is not None else list(value)
+                    out[i] = nv
+            return value if out is None else out
+        return value

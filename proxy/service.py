@@ -1,0 +1,249 @@
+"""The proxy's call path: authorize, parse, prepare the stored prompt, forward, capture, journal, answer.
+
+Routes stay thin (``proxy/app.py``); this class does the work and gets its parts through the constructor. The
+one rule that shapes it: a call is journaled before the last byte of its answer reaches the client, so a client
+that got a complete answer can rely on the store having it (invariant 1). Non-streaming answers are sent after
+the journal write; streams hold back only their terminating ``[DONE]`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from types import ModuleType
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from forge_store import CallRecord, InvalidRecord, Store
+from forge_store.hashing import sha256_hex
+from forge_store.schema import utcnow
+
+from .errors import ProxyError, UpstreamFailure
+from .metrics import Metrics
+from .record import Completion, has_inline_data
+from .redaction import Redactor
+from .registry import Binding, Registry
+from .upstream import Upstream
+
+log = logging.getLogger("proxy")
+JSON = "application/json"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ProxyError(413, f"request body of {int(declared):,} bytes is over the proxy's limit of {limit:,} bytes; "
+                              "raise OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError(413, f"request body is over the proxy's limit of {limit:,} bytes; raise "
+                                  "OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProxyError(400, f"request body is not valid JSON ({exc}); send a JSON object",
+                         code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, f"request body is JSON {type(body).__name__}, not an object; send a JSON object",
+                         code="invalid_json")
+    return body
+
+
+class ProxyService:
+    def __init__(self, store: Store, upstream: Upstream, registry: Registry, *, redactor: Redactor,
+                 metrics: Metrics, dialect: str = "vllm", max_body_bytes: int = 32 << 20):
+        self.store, self.upstream, self.registry = store, upstream, registry
+        self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
+        self._background: set[asyncio.Task] = set()
+
+    async def call(self, request: Request, adapter: ModuleType, token: str | None) -> Response:
+        t0 = time.perf_counter()
+        started = utcnow()
+        binding = await self.registry.authorize(token)
+        raw = await read_body(request, self.max_body)
+        body = parse_json(raw)
+        adapter.validate(body)
+        messages = adapter.messages(body) if hasattr(adapter, "messages") else body["messages"]
+        try:
+            prompt = await self._prepare(binding, messages)
+        except InvalidRecord as exc:
+            raise ProxyError(400, str(exc), code="invalid_image") from None
+        up_body, wants = adapter.prepare(body, self.dialect)
+        request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+        call_id = uuid.uuid4().hex
+        params = {k: v for k, v in body.items() if k not in ("messages", "tools", "prompt")}
+        rec = CallRecord(
+            id=call_id, rollout_id=binding.rollout_id, seq=binding.next_seq(), api_surface=adapter.SURFACE,
+            messages=prompt.messages, tools=body.get("tools"), params=params, streamed=bool(body.get("stream")),
+            request_hash=request_hash, model=body.get("model"), started_at=started,
+            retry_of=binding.retry_of(request_hash, call_id), policy_version_id=self.registry.policy_version,
+            image_hashes=prompt.image_hashes or None,
+            metadata=self._metadata(request, prompt.redactions),
+        )
+        await self.registry.enter()
+        try:
+            if rec.streamed:
+                return await self._stream(adapter, up_body, wants, rec, t0)
+            return await self._unary(adapter, up_body, wants, rec, t0)
+        except BaseException:
+            self.registry.leave()
+            raise
+
+    async def _prepare(self, binding: Binding, messages: list):
+        cache = binding.prompts
+        if has_inline_data(messages, min(len(cache.raw), len(messages))):  # images: blob writes off the loop
+            return await asyncio.to_thread(cache.prepare, messages, self.store.put_blob, self.redactor)
+        return cache.prepare(messages, self.store.put_blob, self.redactor)
+
+    @staticmethod
+    def _metadata(request: Request, redactions: set[str]) -> dict | None:
+        meta = {}
+        if ua := request.headers.get("user-agent"):
+            meta["user_agent"] = ua
+        if redactions:
+            meta["redacted"] = sorted(redactions)
+        return meta or None
+
+    # ---- one answer -----------------------------------------------------------------------------------------
+    async def _unary(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Response:
+        try:
+            try:
+                ans = await self.upstream.request("POST", adapter.PATH, orjson.dumps(up_body))
+            except UpstreamFailure as exc:
+                await self._record_failure(rec, t0, exc)
+                raise
+            rec.upstream_status = ans.status
+            if ans.status != 200:
+                rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
+                await self._record(rec, t0)
+                return Response(ans.body, status_code=ans.status, media_type=ans.content_type or JSON)
+            try:
+                data = orjson.loads(ans.body)
+            except orjson.JSONDecodeError:
+                exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
+                                      "upstream_protocol")
+                await self._record_failure(rec, t0, exc)
+                raise exc from None
+            self._fill(rec, adapter.parse(data))
+            await self._record(rec, t0)
+            return Response(orjson.dumps(adapter.strip(data, wants)), media_type=JSON)
+        finally:
+            self.registry.leave()
+
+    # ---- a stream ---------------------------------------------------------------------------------------------
+    async def _stream(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Response:
+        try:
+            stream = await self.upstream.open_stream(adapter.PATH, orjson.dumps(up_body))
+        except UpstreamFailure as exc:
+            await self._record_failure(rec, t0, exc)
+            self.registry.leave()
+            raise
+        rec.upstream_status = stream.status
+        if stream.status != 200:
+            body = await stream.read_all()
+            rec.error_class, rec.error_detail = f"upstream_http_{stream.status}", body[:2000].decode(errors="replace")
+            await self._record(rec, t0)
+            self.registry.leave()
+            return Response(body, status_code=stream.status, media_type=stream.content_type or JSON)
+        return StreamingResponse(self._relay(stream, adapter.StreamState(wants), rec, t0),
+                                 media_type="text/event-stream")
+
+    async def _relay(self, stream, state, rec: CallRecord, t0: float):
+        recorded = done = False
+        try:
+            try:
+                async for event in stream.events():
+                    data = _sse_data(event)
+                    if data is None:
+                        yield event + b"\n\n"
+                        continue
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    chunk = orjson.loads(data)
+                    if "error" in chunk and not chunk.get("choices"):
+                        rec.error_class, rec.error_detail = "upstream_stream_error", data[:2000].decode(errors="replace")
+                        yield event + b"\n\n"
+                        continue
+                    out = state.feed(chunk)
+                    if rec.ttft_ms is None and state.first_token:
+                        rec.ttft_ms = (time.perf_counter() - t0) * 1000
+                    if out is not None:
+                        yield b"data: " + (data if out is chunk and state.wants.everything else orjson.dumps(out)) + b"\n\n"
+            except UpstreamFailure as exc:
+                rec.error_class, rec.error_detail = exc.error_class, exc.message
+                yield b"data: " + orjson.dumps(exc.openai_body()) + b"\n\n"
+            if not done and rec.error_class is None:
+                rec.error_class = "upstream_stream_truncated"
+            self._fill(rec, state.result())
+            recorded = True
+            await self._record(rec, t0)  # before [DONE]: a client with a complete answer finds it in the store
+            if done:
+                yield b"data: [DONE]\n\n"
+        finally:
+            stream.close()
+            self.registry.leave()
+            if not recorded:  # the client went away mid-stream: keep what it was sent
+                rec.error_class = rec.error_class or "client_disconnected"
+                self._fill(rec, state.result())
+                task = asyncio.get_running_loop().create_task(self._record(rec, t0))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    # ---- recording ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _fill(rec: CallRecord, comp: Completion) -> None:
+        rec.response, rec.response_message = comp.response(), comp.message()
+        rec.finish_reason, rec.usage = comp.finish_reason, comp.usage
+        rec.prompt_token_ids, rec.completion_token_ids = comp.prompt_token_ids, comp.completion_token_ids
+        rec.completion_logprobs = comp.checked_logprobs()
+        rec.token_exact = comp.token_exact and rec.error_class is None
+
+    async def _record_failure(self, rec: CallRecord, t0: float, exc: UpstreamFailure) -> None:
+        rec.error_class, rec.error_detail = exc.error_class, exc.message
+        await self._record(rec, t0)
+
+    def _redact(self, rec: CallRecord) -> None:
+        """Redaction covers everything stored besides the prompt (already done): answer, parameters, errors."""
+        hits: set[str] = set()
+        rec.params = self.redactor.apply(rec.params, hits)
+        rec.response = self.redactor.apply(rec.response, hits)
+        rec.response_message = self.redactor.apply(rec.response_message, hits)
+        rec.error_detail = self.redactor.apply(rec.error_detail, hits)
+        if hits:
+            rec.metadata = {**(rec.metadata or {})}
+            rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)
+
+    async def _record(self, rec: CallRecord, t0: float) -> None:
+        self._redact(rec)
+        rec.ended_at = utcnow()
+        rec.latency_ms = (time.perf_counter() - t0) * 1000
+        t1 = time.perf_counter()
+        try:
+            await self.store.record_call_async(rec)
+        except Exception as exc:
+            log.exception("could not journal call %s", rec.id)
+            self.metrics.record_failures.inc()
+            raise ProxyError(503, f"the proxy could not record this call ({exc.__class__.__name__}); the answer is "
+                                  "withheld so that nothing goes unrecorded; retry", type="server_error",
+                             code="record_failed") from exc
+        self.metrics.observe_call(rec, time.perf_counter() - t1)
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    """The data payload of one SSE event (joined if it spans lines); None for comments and other fields."""
+    if event.startswith(b"data:") and b"\n" not in event:
+        return event[5:].strip()
+    lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
