@@ -1,0 +1,205 @@
+"""Bad input and faults at the proxy: each gets a clear, API-shaped error and loses nothing."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import openai
+import pytest
+
+from proxy.testing import Delay, HTTPError, Text
+from tests.proxy_fixtures import make_proxy
+
+USER = [{"role": "user", "content": "hello"}]
+
+
+def _post(px, token, body: bytes | dict, path="/v1/chat/completions", **headers):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    return httpx.post(px.url + path, headers={"Authorization": f"Bearer {token}", **headers}, timeout=30, **kw)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"model": "m", "messages": [', "not valid JSON"),
+    (b"[1, 2]", "not an object"),
+    (b'{"model": "m"}', "'messages' must be a list"),
+    (b'{"model": "m", "messages": ["hi"]}', "'messages' must be a list"),
+])
+def test_malformed_requests_get_openai_shaped_400(px, body, fragment):
+    r = _post(px, px.register("r1"), body)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["type"] == "invalid_request_error"
+    assert px.up.double.requests == []  # nothing was forwarded
+
+
+def test_malformed_json_through_the_sdk_is_a_bad_request(px):
+    client = px.client(px.register("r1"))
+    with pytest.raises(openai.BadRequestError, match="'prompt' is required"):
+        client.completions.create(model="m", prompt=openai.NOT_GIVEN)
+
+
+def test_body_over_the_limit_is_413_naming_the_limit(up, tmp_path):
+    px, serve = make_proxy(up, tmp_path, proxy_max_body_bytes=4096)
+    try:
+        big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}
+        r = _post(px, px.register("r1"), big)
+        assert r.status_code == 413 and "limit of 4,096 bytes" in r.json()["error"]["message"]
+        # chunked upload without Content-Length is cut off too
+        r = httpx.post(px.url + "/v1/chat/completions", content=iter([b'{"messages": "' + b"y" * 8000 + b'"}']),
+                       headers={"Authorization": f"Bearer {px.register('r2')}"})
+        assert r.status_code == 413
+    finally:
+        serve.stop()
+        px.store.close()
+
+
+def test_undecodable_image_is_400(px):
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!notb64"}}]}]
+    r = _post(px, px.register("r1"), {"model": "m", "messages": msgs})
+    assert r.status_code == 400 and "not valid base64" in r.json()["error"]["message"]
+    assert px.up.double.requests == []
+
+
+def test_upstream_down_is_502_and_recorded_as_infra_error(px):
+    px.up.server.stop()
+    client = px.client(px.register("r1"))
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="m", messages=USER)
+    assert info.value.status_code == 502 and "unreachable" in str(info.value)
+    with pytest.raises(openai.InternalServerError):
+        list(client.chat.completions.create(model="m", messages=USER, stream=True))
+    calls = px.calls("r1")
+    assert [c.error_class for c in calls] == ["upstream_unreachable"] * 2
+    assert not any(c.token_exact for c in calls)
+
+
+def test_upstream_timeout_is_504(up, tmp_path):
+    px, serve = make_proxy(up, tmp_path, proxy_read_timeout_s=0.3)
+    try:
+        up.double.script.extend([Delay(2.0)])
+        with pytest.raises(openai.APIStatusError) as info:
+            px.client(px.register("r1")).chat.completions.create(model="m", messages=USER)
+        assert info.value.status_code == 504
+        (call,) = px.calls("r1")
+        assert call.error_class == "upstream_timeout"
+    finally:
+        serve.stop()
+        px.store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_4xx_is_passed_through_and_recorded(px, stream):
+    px.up.double.script.extend([HTTPError(400, "This model's maximum context length is 8192 tokens")])
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        r = px.client(px.register("r1")).chat.completions.create(model="m", messages=USER, stream=stream)
+        list(r) if stream else None
+    (call,) = px.calls("r1")
+    assert call.upstream_status == 400 and call.error_class == "upstream_http_400" and not call.token_exact
+
+
+def test_error_event_mid_stream_reaches_the_client_and_the_store(px):
+    px.up.double.script.extend([HTTPError(500, "engine died", after_chunks=2)])
+    client = px.client(px.register("r1"))
+    with pytest.raises(openai.APIError, match="engine died"):
+        list(client.chat.completions.create(model="m", messages=USER, stream=True))
+    (call,) = px.calls("r1")
+    assert call.error_class == "upstream_stream_error" and not call.token_exact
+
+
+def test_upstream_dropping_a_stream_is_recorded_as_truncated(px):
+    px.up.double.script.extend([Text("a long answer that will not finish", disconnect_after=3)])
+    client = px.client(px.register("r1"))
+    with pytest.raises(Exception):
+        list(client.chat.completions.create(model="m", messages=USER, stream=True))
+    (call,) = px.calls("r1")
+    assert call.error_class in ("upstream_stream_truncated", "upstream_unreachable") and not call.token_exact
+    assert call.completion_token_ids  # what was streamed before the drop is kept
+
+
+def test_client_disconnecting_mid_stream_is_recorded(px):
+    px.up.double.script.extend([Delay(0.0, chunk_delay=0.05, then=Text("word " * 40))])
+    client = px.client(px.register("r1"))
+    stream = client.chat.completions.create(model="m", messages=USER, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        px.store.flush(5)
+        if px.store.calls("r1"):
+            break
+        time.sleep(0.1)
+    (call,) = px.store.calls("r1")
+    assert call.error_class == "client_disconnected"
+
+
+def test_tokens_are_scoped_to_their_rollout(px):
+    token_a, token_b = px.register("A"), px.register("B")
+    px.client(token_a).chat.completions.create(model="m", messages=USER)
+    px.client(token_b).chat.completions.create(model="m", messages=USER)
+    assert len(px.calls("A")) == 1 and len(px.calls("B")) == 1
+    # a token's rollout id cannot be swapped: re-signing needs the secret
+    prefix, rid, exp, sig = token_a.split(".")
+    forged = ".".join([prefix, base64.urlsafe_b64encode(b"B").rstrip(b"=").decode(), exp, sig])
+    for bad in (forged, "sk-not-a-rollout-token", token_a[:-2] + "xx", "ofr1.x"):
+        r = _post(px, bad, {"model": "m", "messages": USER})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", bad
+    r = httpx.get(px.url + "/admin/status", headers={"Authorization": f"Bearer {token_a}"})
+    assert r.status_code == 401  # a rollout token is not an admin token
+    px.end("A", outcome="success")
+    with pytest.raises(openai.AuthenticationError, match="has ended"):
+        px.client(token_a).chat.completions.create(model="m", messages=USER)
+    px.client(token_b).chat.completions.create(model="m", messages=USER)  # B unaffected
+    assert len(px.calls("A")) == 1 and len(px.calls("B")) == 2
+    assert px.store.rollout("A").outcome == "success"
+
+
+def test_expired_token_is_401(px):
+    token = px.register("r1", ttl_s=-1)
+    with pytest.raises(openai.AuthenticationError, match="expired"):
+        px.client(token).chat.completions.create(model="m", messages=USER)
+
+
+def test_tokens_survive_a_proxy_restart(up, tmp_path):
+    px, serve = make_proxy(up, tmp_path)
+    token = px.register("r1")
+    px.client(token).chat.completions.create(model="m", messages=USER)
+    serve.stop()
+    px.store.close()
+    px2, serve2 = make_proxy(up, tmp_path)  # same home: same secret, same store
+    try:
+        px2.client(token).chat.completions.create(model="m", messages=USER)
+        assert len(px2.calls("r1")) == 2
+    finally:
+        serve2.stop()
+        px2.store.close()
+
+
+def test_no_key_is_401_unless_unbound_calls_are_allowed(up, tmp_path):
+    px, serve = make_proxy(up, tmp_path)
+    try:
+        r = httpx.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": USER})
+        assert r.status_code == 401 and "no API key" in r.json()["error"]["message"]
+    finally:
+        serve.stop()
+        px.store.close()
+    px, serve = make_proxy(up, tmp_path / "b", proxy_allow_unbound=True)
+    try:
+        r = httpx.post(px.url + "/v1/chat/completions", json={"model": "m", "messages": USER})
+        assert r.status_code == 200
+        px.store.flush(10)
+        assert px.store.counts()["calls"] == 1
+    finally:
+        serve.stop()
+        px.store.close()
+
+
+def test_bad_admin_requests(px):
+    assert px.admin("POST", "/admin/rollouts", json={"bogus": 1}).status_code == 422
+    assert px.admin("POST", "/admin/rollouts/x/end", json={"outcome": "exploded"}).status_code == 400
+    r = httpx.post(px.url + "/admin/pause", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
