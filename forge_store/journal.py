@@ -117,7 +117,7 @@ class Journal:
         self.directory = Path(directory)
         self.segment_bytes, self._sync, self._linger = segment_bytes, fsync, group_commit_s
         self.fsync_count = 0
-        self._lock, self._ckpt_lock = threading.Lock(), threading.Lock()
+        self._lock, self._ckpt_lock, self._io_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._work, self._done = threading.Condition(self._lock), threading.Condition(self._lock)  # flusher, appenders
         self._queue: list[_Request] = []
         self._closing, self._failed, self._fd = False, None, -1
@@ -141,6 +141,27 @@ class Journal:
         if not payloads:
             raise ValueError("append_many([]): there is nothing to append; pass at least one payload")
         return self._wait(self._submit(payloads, None))
+
+    @property
+    def fsync(self) -> bool:
+        return self._sync
+
+    def write_now(self, payloads: list[bytes]) -> Position:
+        """Append in the calling thread, bypassing the flusher: for a caller that batches by itself (the store's
+        writer) and wants no thread hop. Same framing, ordering and durability as ``append_many``."""
+        req = _Request(self._frames(payloads), None)
+        with self._lock:
+            self._check_open()
+            if self._failed is not None:
+                raise self._failure(self._failed)
+        with self._io_lock:
+            try:
+                self._write([req])
+            except BaseException as e:
+                with self._lock:
+                    self._failed = e
+                raise self._failure(e) from e
+        return req.pos
 
     async def append_async(self, payload: bytes) -> Position:
         """Like `append`, without blocking the event loop. Cancelling the await does not withdraw the record."""
@@ -329,7 +350,8 @@ class Journal:
         with self._lock:
             self._active, self._size = seg, 0
 
-    def _submit(self, payloads: list[bytes], callback: Callable[[_Request], None] | None) -> _Request:
+    @staticmethod
+    def _frames(payloads: list[bytes]) -> list[bytes]:
         frames = []
         for p in payloads:
             n = len(p)
@@ -337,7 +359,10 @@ class Journal:
                 raise ValueError(f"payload of {n} bytes: a journal record holds 1 to {_MAX_PAYLOAD} bytes; "
                                  f"encode empty values as at least one byte and split larger ones")
             frames.append(_HEADER.pack(n, zlib.crc32(p)) + bytes(p))
-        req = _Request(frames, callback)
+        return frames
+
+    def _submit(self, payloads: list[bytes], callback: Callable[[_Request], None] | None) -> _Request:
+        req = _Request(self._frames(payloads), callback)
         with self._lock:
             self._check_open()
             if self._failed is not None:
@@ -380,7 +405,8 @@ class Journal:
                 failed = self._failed
             if failed is None:
                 try:
-                    self._write(batch)
+                    with self._io_lock:
+                        self._write(batch)
                 except BaseException as e:  # noqa: BLE001 - every waiter must learn of it, then the journal stops
                     failed = e
             with self._lock:

@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     blob_dir: Path | None = Field(default=None, description="Blob folder. Default: HOME/blobs.")
     journal_dir: Path | None = Field(default=None, description="Journal folder. Default: HOME/journal/<name>.")
     writer_batch_size: int = Field(default=512, ge=1, description="Most journal entries the writer puts in one transaction.")
+    writer_linger_s: float = Field(default=0.005, ge=0, description="How long the writer lets a batch gather.")
     writer_retry_max_s: float = Field(default=5.0, gt=0, description="Longest back-off between retries while the database is down.")
     journal_fsync: bool = Field(default=True, description="fsync the journal before acknowledging a write.")
     auto_upgrade: bool = Field(

@@ -61,7 +61,7 @@ class Store:
         self._writer = None
         if journal is not None:
             self._writer = Writer(
-                engine, journal, batch_size=settings.writer_batch_size, retry_max_s=settings.writer_retry_max_s,
+                engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s, retry_max_s=settings.writer_retry_max_s,
             )
         with engine.connect() as conn:
             self.store_id = conn.execute(

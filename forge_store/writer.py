@@ -49,14 +49,20 @@ class Writer:
         journal: Journal,
         *,
         batch_size: int = 512,
+        linger_s: float = 0.005,
         retry_max_s: float = 5.0,
         max_queue: int = 20_000,
         dead_letter_dir: Path | None = None,
     ):
         self.engine, self.journal = engine, journal
-        self.batch_size, self.retry_max_s, self.max_queue = batch_size, retry_max_s, max_queue
+        self.batch_size, self.linger_s, self.retry_max_s, self.max_queue = batch_size, linger_s, retry_max_s, max_queue
+        self._writer_idle = False
         self.dead_letter_dir = dead_letter_dir or Path(journal.directory) / "dead-letter"
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        # one lock, three wait queues: nobody is woken for news that is not theirs
+        self._incoming_cv = threading.Condition(self._lock)  # journaler: ops submitted
+        self._queue_cv = threading.Condition(self._lock)  # writer: ops journaled
+        self._applied_cv = threading.Condition(self._lock)  # flush(): ops in the database
         self._incoming: list[tuple[dict, bytes, Future]] = []
         self._queue: deque[tuple[Position, list[dict]]] = deque()  # journaled groups not yet applied
         self._queued = 0
@@ -69,33 +75,47 @@ class Writer:
         self._marks: deque[tuple[Position, int]] = deque()  # (journal position, ops submitted up to it)
         self._closing = False
         self._give_up_on_close = False
+        self.checkpoint_every_s = 1.0
+        self._checkpointed_at = 0.0
         self.db_down_since: float | None = None
         self.batches = self.applied_ops = self.dead_letters = 0
-        self._threads = [
-            threading.Thread(target=self._journaler, name="forge-store-journaler", daemon=True),
-            threading.Thread(target=self._writer, name="forge-store-writer", daemon=True),
-        ]
+        self._threads = [threading.Thread(target=self._writer, name="forge-store-writer", daemon=True)]
+        if journal.fsync:  # group commit needs its own thread; kernel writes happen in submit()
+            self._threads.append(threading.Thread(target=self._journaler, name="forge-store-journaler", daemon=True))
         for t in self._threads:
             t.start()
 
     # ---- submit side -------------------------------------------------------------------------------------
     def submit(self, op: dict) -> Future:
-        """Queue ``op`` for the journal; the returned future resolves once it is durable there."""
+        """Queue ``op`` for the journal; the returned future resolves once it is durable there.
+
+        Without fsync the record is written to the kernel right here (it then survives kill -9 of this process):
+        a thread hop would cost more than the write.
+        """
         fut: Future = Future()
         payload = encode(op)
+        if not self.journal.fsync:
+            with self._lock:
+                if self._closing:
+                    raise RuntimeError("store is closed: open it again to write")
+                pos = self.journal.write_now([payload])
+                self._submitted += 1
+                self._journaled(pos, [op], self._submitted)
+            fut.set_result(pos)
+            return fut
         with self._lock:
             if self._closing:
                 raise RuntimeError("store is closed: open it again to write")
             self._incoming.append((op, payload, fut))
             self._submitted += 1
-            self._lock.notify_all()
+            self._incoming_cv.notify()
         return fut
 
     def _journaler(self) -> None:
         while True:
             with self._lock:
                 while not self._incoming and not self._closing:
-                    self._lock.wait()
+                    self._incoming_cv.wait()
                 if not self._incoming and self._closing:
                     return
                 batch, self._incoming = self._incoming, []
@@ -110,22 +130,36 @@ class Writer:
                     fut.set_exception(exc)
                 continue
             with self._lock:
-                self._last = pos
-                self._marks.append((pos, upto))
-                if self._catch_up or self._queued + len(batch) > self.max_queue:
-                    self._catch_up = True  # the writer reads these back from the journal files
-                else:
-                    self._queue.append((pos, [op for op, _, _ in batch]))
-                    self._queued += len(batch)
-                self._lock.notify_all()
+                self._journaled(pos, [op for op, _, _ in batch], upto)
             for _, _, fut in batch:
                 fut.set_result(pos)
+
+    def _journaled(self, pos: Position, ops: list[dict], upto: int) -> None:
+        """Hand journaled ops to the database side (caller holds the lock)."""
+        self._last = pos
+        self._marks.append((pos, upto))
+        if self._catch_up or self._queued + len(ops) > self.max_queue:
+            self._catch_up = True  # the writer reads these back from the journal files
+        else:
+            self._queue.append((pos, ops))
+            self._queued += len(ops)
+        if self._writer_idle:
+            self._queue_cv.notify()
 
     # ---- database side -----------------------------------------------------------------------------------
     def _next_groups(self) -> list[tuple[Position, list[dict]]]:
         with self._lock:
-            while not self._queue and not self._catch_up and not self._closing:
-                self._lock.wait(timeout=1.0)
+            if not self._queue and not self._catch_up and not self._closing:
+                self._writer_idle = True
+                while not self._queue and not self._catch_up and not self._closing:
+                    self._queue_cv.wait(timeout=1.0)
+                self._writer_idle = False
+                linger = not self._closing
+            else:
+                linger = False
+        if linger and self.linger_s:
+            time.sleep(self.linger_s)  # let a batch gather: fewer transactions, fewer wake-ups
+        with self._lock:
             if self._queue:
                 groups, n = [], 0
                 while self._queue and n < self.batch_size:
@@ -161,14 +195,16 @@ class Writer:
             if self._apply_with_retry([op for _, ops in groups for op in ops]) is False:
                 return  # closing while the database is down: the journal keeps everything
             last = groups[-1][0]
-            self.journal.mark_committed(last)
+            if time.monotonic() - self._checkpointed_at >= self.checkpoint_every_s:
+                self.journal.mark_committed(last)  # replay after a crash re-applies at most this much, harmlessly
+                self._checkpointed_at = time.monotonic()
             with self._lock:
                 self._applied = last
                 while self._marks and self._marks[0][0] <= last:
                     self._applied_n = self._marks.popleft()[1]
                 self.batches += 1
                 self.applied_ops += sum(len(ops) for _, ops in groups)
-                self._lock.notify_all()
+                self._applied_cv.notify_all()
 
     def _apply_with_retry(self, ops: list[dict]) -> bool:
         delay = 0.05
@@ -187,7 +223,7 @@ class Writer:
                 with self._lock:
                     if self._closing and self._give_up_on_close:
                         return False
-                    self._lock.wait(timeout=delay)
+                    self._queue_cv.wait(timeout=delay)
                 delay = min(delay * 2, self.retry_max_s)
             except sa.exc.DBAPIError:
                 if len(ops) == 1:
@@ -214,7 +250,7 @@ class Writer:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._lock.wait(timeout=remaining if remaining is not None else 1.0)
+                self._applied_cv.wait(timeout=remaining if remaining is not None else 1.0)
         return True
 
     def pending_ops(self) -> int:
@@ -227,7 +263,10 @@ class Writer:
         with self._lock:
             self._closing = True
             self._give_up_on_close = True
-            self._lock.notify_all()
+            for cv in (self._incoming_cv, self._queue_cv, self._applied_cv):
+                cv.notify_all()
         for t in self._threads:
             t.join(timeout=max(timeout or 0, 5.0))
+        if self._applied is not None:
+            self.journal.mark_committed(self._applied)
         return drained

@@ -37,7 +37,8 @@ class Upstream:
 
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._pool, limit_per_host=self._pool, keepalive_timeout=60)
+            # Idle connections are dropped before uvicorn's 5 s keep-alive (vLLM's and SGLang's server) closes them.
+            connector = aiohttp.TCPConnector(limit=self._pool, limit_per_host=self._pool, keepalive_timeout=3.0)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
                                                   auto_decompress=False, headers=self._headers)
 
@@ -53,21 +54,30 @@ class Upstream:
         return UpstreamFailure(502, f"upstream {self.base_url}{path} unreachable ({exc.__class__.__name__}: {exc}); "
                                     "check that the inference server is running", "upstream_unreachable")
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> UpstreamAnswer:
+    async def _send(self, method: str, path: str, body: bytes | None) -> aiohttp.ClientResponse:
+        """Send once; again once if a pooled connection turns out closed before any answer came back."""
         await self.start()
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(method, self.base_url + path, data=body)
+            except aiohttp.ServerDisconnectedError as exc:
+                if attempt == 2:
+                    raise self._fail(exc, path) from exc
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                raise self._fail(exc, path) from exc
+        raise AssertionError("unreachable")
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> UpstreamAnswer:
+        resp = await self._send(method, path, body)
         try:
-            async with self._session.request(method, self.base_url + path, data=body) as resp:
-                return UpstreamAnswer(resp.status, resp.content_type, await resp.read())
+            return UpstreamAnswer(resp.status, resp.content_type, await resp.read())
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise self._fail(exc, path) from exc
+        finally:
+            resp.release()
 
     async def open_stream(self, path: str, body: bytes) -> UpstreamStream:
-        await self.start()
-        try:
-            resp = await self._session.post(self.base_url + path, data=body)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise self._fail(exc, path) from exc
-        return UpstreamStream(self, resp, path)
+        return UpstreamStream(self, await self._send("POST", path, body), path)
 
 
 class UpstreamStream:

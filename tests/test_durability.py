@@ -27,8 +27,8 @@ CHILD = textwrap.dedent(
     import sys
     from forge_store import open_store, Settings
     from tests.conftest import make_call
-    url, home, start, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    st = open_store(url, journal=True, settings=Settings(home=home, writer_batch_size=8))
+    url, home, start, n, fsync = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+    st = open_store(url, journal=True, settings=Settings(home=home, writer_batch_size=8, journal_fsync=fsync))
     for i in range(start, start + n):
         st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
         print(f"ack c{i}", flush=True)
@@ -38,9 +38,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def _spawn(url, home, start, n):
+def _spawn(url, home, start, n, fsync=True):
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, str(home), str(start), str(n)],
+        [sys.executable, "-c", CHILD, url, str(home), str(start), str(n), "1" if fsync else "0"],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -111,10 +111,12 @@ def test_sigkill_in_the_middle_of_a_postgres_batch(pg_database, settings, tmp_pa
     _check_exactly_once(pg_database, settings, acked)
 
 
-def test_repeated_sigkill_at_random_points(store_url, settings):
+@pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "kernel-write"])
+def test_repeated_sigkill_at_random_points(store_url, settings, fsync):
+    """Without fsync a journaled write is in the kernel: it survives kill -9 of the process all the same."""
     acked, start = [], 0
     for kill_after in (23, 57, 5):
-        proc = _spawn(store_url, settings.home, start, 120)
+        proc = _spawn(store_url, settings.home, start, 120, fsync)
         try:
             acked += _read_acks(proc, until=kill_after)
             proc.send_signal(signal.SIGKILL)

@@ -1,0 +1,180 @@
+"""Proxy overhead: the same load straight at the upstream double and through the recording proxy.
+
+Three processes on loopback: the scripted upstream (``python -m proxy.testing.upstream``, answering after a 20 ms
+delay, short answers), the proxy (``openforge proxy``, recording into a fresh SQLite store through its journal),
+and this load generator (aiohttp, one event loop). Each client is one rollout with its own token and sends 8 KB
+prompts that differ per request (no prefix reuse: the worst case for storage). For concurrency 1, 16 and 64,
+streaming and not, it runs a fixed number of requests direct and proxied and compares latency and throughput.
+
+Prints a table, then as its LAST line one JSON object with (at least):
+  added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
+  throughput_ratio_c64, throughput_ratio_c64_stream: proxied / direct requests per second
+  cpu_ms_per_call: the proxy process's CPU time per recorded call (all proxied runs together)
+The 2-core machine runs all three processes (plus the store's writer) at once: ratios are pessimistic there.
+
+Usage: python bench/proxy_overhead.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN = "bench-admin-token-0123456789"
+console = Console(stderr=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{what} did not come up at {url}")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def run_load(base: str, tokens: list[str], concurrency: int, n: int, stream: bool) -> dict:
+    """``n`` requests from ``concurrency`` clients; returns latencies (ms) and requests/s."""
+    latencies: list[float] = []
+    counter = iter(range(8))  # warm-up
+    filler = "lorem ipsum dolor sit amet " * 300  # ~8 KB
+
+    async def client(k: int, session: aiohttp.ClientSession):
+        headers = {"Authorization": f"Bearer {tokens[k]}", "Content-Type": "application/json"}
+        for i in counter:
+            body = {"model": "m", "max_tokens": 16, "stream": stream,
+                    "messages": [{"role": "user", "content": f"request {k}-{i}: {filler}"}]}
+            t0 = time.perf_counter()
+            async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
+                if stream:
+                    async for _ in resp.content:
+                        pass
+                else:
+                    await resp.read()
+                assert resp.status == 200, resp.status
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    conn = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        await asyncio.gather(*(client(k, session) for k in range(min(concurrency, 4))))
+        counter = iter(range(n))
+        t0 = time.perf_counter()
+        latencies.clear()
+        await asyncio.gather(*(client(k, session) for k in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99), "rps": n / elapsed, "n": n}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer requests per configuration")
+    args = ap.parse_args()
+    sizes = {1: 100, 16: 800, 64: 1600} if not args.quick else {1: 40, 16: 200, 64: 400}
+
+    tmp = Path(tempfile.mkdtemp(prefix="of-bench-proxy-"))
+    up_port, px_port = free_port(), free_port()
+    env = {**os.environ, "OPENFORGE_HOME": str(tmp / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN,
+           "PYTHONPATH": str(ROOT)}
+    upstream = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    proxy = subprocess.Popen([str(Path(sys.executable).parent / "openforge"), "proxy", "--upstream",
+                              f"http://127.0.0.1:{up_port}", "--port", str(px_port),
+                              "--store", f"sqlite:///{tmp / 'store.sqlite'}"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
+    try:
+        wait_up(direct + "/health", upstream, "upstream double")
+        wait_up(proxied + "/health", proxy, "proxy")
+        httpx.post(direct + "/_scripted/state", json={"slow": 0.020})
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        tokens = [httpx.post(proxied + "/admin/rollouts", json={"rollout_id": f"bench-{k}"}, headers=admin).json()["token"]
+                  for k in range(64)]
+        results, cpu, recorded = {}, 0.0, 0
+        for stream in (False, True):
+            for c, n in sizes.items():
+                label = f"c{c}{'_stream' if stream else ''}"
+                console.print(f"[dim]{label}: {n} requests direct, then proxied[/]")
+                d = asyncio.run(run_load(direct, tokens, c, n, stream))
+                c0 = cpu_seconds(proxy.pid)
+                p = asyncio.run(run_load(proxied, tokens, c, n, stream))
+                cpu += cpu_seconds(proxy.pid) - c0
+                recorded += n + 8
+                results[label] = {"direct": d, "proxied": p}
+        stored = httpx.get(proxied + "/health").json()["store"]
+    finally:
+        proxy.terminate()
+        upstream.terminate()
+        proxy.wait(30)
+        upstream.wait(30)
+
+    table = Table(title="recording proxy vs direct (ms, requests/s)")
+    for col in ("load", "direct p50", "proxied p50", "added p50", "direct p99", "proxied p99", "direct rps",
+                "proxied rps", "ratio"):
+        table.add_column(col, justify="right")
+    for label, r in results.items():
+        d, p = r["direct"], r["proxied"]
+        table.add_row(label, f"{d['p50']:.2f}", f"{p['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{d['p99']:.2f}",
+                      f"{p['p99']:.2f}", f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}")
+    console.print(table)
+
+    def added(label, q):
+        return round(results[label]["proxied"][q] - results[label]["direct"][q], 3)
+
+    out = {
+        "added_p50_ms_c1": added("c1", "p50"),
+        "added_p50_ms_c16": added("c16", "p50"),
+        "added_p99_ms_c16": added("c16", "p99"),
+        "added_p50_ms_c1_stream": added("c1_stream", "p50"),
+        "added_p50_ms_c16_stream": added("c16_stream", "p50"),
+        "added_p99_ms_c16_stream": added("c16_stream", "p99"),
+        "throughput_ratio_c64": round(results["c64"]["proxied"]["rps"] / results["c64"]["direct"]["rps"], 3),
+        "throughput_ratio_c64_stream": round(results["c64_stream"]["proxied"]["rps"]
+                                             / results["c64_stream"]["direct"]["rps"], 3),
+        "direct_rps_c64": round(results["c64"]["direct"]["rps"], 1),
+        "proxied_rps_c64": round(results["c64"]["proxied"]["rps"], 1),
+        "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
+        "store_dead_letters": stored.get("dead_letters"),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
