@@ -1,10 +1,13 @@
 """Proxy overhead: the same load straight at the upstream double and through the recording proxy.
 
-Three processes on loopback: the scripted upstream (``python -m proxy.testing.upstream``, answering after a 20 ms
-delay, short answers), the proxy (``openforge proxy``, recording into a fresh SQLite store through its journal),
-and this load generator (aiohttp, one event loop). Each client is one rollout with its own token and sends 8 KB
-prompts that differ per request (no prefix reuse: the worst case for storage). For concurrency 1, 16 and 64,
-streaming and not, it runs a fixed number of requests direct and proxied and compares latency and throughput.
+Three processes on loopback: the scripted upstream (``python -m proxy.testing.upstream``, answering a short text
+after a 20 ms delay), the proxy (``openforge proxy``, recording into a fresh SQLite store through its journal),
+and this load generator (aiohttp, one event loop). Each client is one rollout with its own token and cycles
+through 8 distinct 8 KB prompts, so every request differs from its rollout's previous one (the proxy prepares,
+hashes and journals the whole prompt each time) while the double's tokenizer cache stays warm: a real engine
+tokenizes on its own hardware, and on this 2-core machine the double's tokenizer (7 ms per 8 KB) would otherwise
+eat the CPU the proxy is measured on. Warm-up sends every prompt once. For concurrency 1, 16 and 64, streaming
+and not, it runs a fixed number of requests direct and proxied and compares latency and throughput.
 
 Prints a table, then as its LAST line one JSON object with (at least):
   added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
@@ -74,14 +77,15 @@ def percentile(values: list[float], q: float) -> float:
 async def run_load(base: str, tokens: list[str], concurrency: int, n: int, stream: bool) -> dict:
     """``n`` requests from ``concurrency`` clients; returns latencies (ms) and requests/s."""
     latencies: list[float] = []
-    counter = iter(range(8))  # warm-up
     filler = "lorem ipsum dolor sit amet " * 300  # ~8 KB
+    prompts = [[f"client {k}, variant {v}: {filler}" for v in range(8)] for k in range(concurrency)]
+    counter = iter(range(8 * concurrency))  # warm-up: every prompt once
 
     async def client(k: int, session: aiohttp.ClientSession):
         headers = {"Authorization": f"Bearer {tokens[k]}", "Content-Type": "application/json"}
         for i in counter:
             body = {"model": "m", "max_tokens": 16, "stream": stream,
-                    "messages": [{"role": "user", "content": f"request {k}-{i}: {filler}"}]}
+                    "messages": [{"role": "user", "content": prompts[k][i % 8]}]}
             t0 = time.perf_counter()
             async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
                 if stream:
@@ -94,7 +98,7 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
 
     conn = aiohttp.TCPConnector(limit=concurrency * 2)
     async with aiohttp.ClientSession(connector=conn) as session:
-        await asyncio.gather(*(client(k, session) for k in range(min(concurrency, 4))))
+        await asyncio.gather(*(client(k, session) for k in range(concurrency)))
         counter = iter(range(n))
         t0 = time.perf_counter()
         latencies.clear()
@@ -123,7 +127,8 @@ def main() -> None:
     try:
         wait_up(direct + "/health", upstream, "upstream double")
         wait_up(proxied + "/health", proxy, "proxy")
-        httpx.post(direct + "/_scripted/state", json={"slow": 0.020})
+        httpx.post(direct + "/_scripted/script", json={"replace": True, "steps": [
+            {"delay": 0.020, "times": None, "then": {"text": "Sure, done.", "times": None}}]})
         admin = {"Authorization": f"Bearer {ADMIN}"}
         tokens = [httpx.post(proxied + "/admin/rollouts", json={"rollout_id": f"bench-{k}"}, headers=admin).json()["token"]
                   for k in range(64)]
@@ -136,7 +141,7 @@ def main() -> None:
                 c0 = cpu_seconds(proxy.pid)
                 p = asyncio.run(run_load(proxied, tokens, c, n, stream))
                 cpu += cpu_seconds(proxy.pid) - c0
-                recorded += n + 8
+                recorded += n + 8 * c
                 results[label] = {"direct": d, "proxied": p}
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
