@@ -29,9 +29,11 @@ app.add_typer(store_app, name="store")
 
 def _register_parts() -> None:
     """Commands of the other parts; each module defers its heavy imports until its command runs."""
+    from learner.cli import export_app
     from proxy.cli import proxy_command
 
     app.command("proxy")(proxy_command)
+    app.add_typer(export_app, name="export")
 
 
 _register_parts()

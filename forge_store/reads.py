@@ -169,3 +169,17 @@ def events(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> li
     if as_of is not None:
         q = q.where(_events.c.ingest_seq <= as_of)
     return [EventInfo(**r._mapping) for r in conn.execute(q.order_by(_events.c.time, _events.c.ingest_seq))]
+
+
+_LINEAGE = {t.__tablename__: t.__table__ for t in (schema.Task, schema.Harness, schema.PolicyVersion, schema.RolloutGroup)}
+
+
+def lineage(conn: sa.Connection, kind: str, as_of: int | None = None) -> list[dict]:
+    """Every row of a small lineage table, in ingest order, as plain dicts (``meta`` comes back as ``metadata``)."""
+    if kind not in _LINEAGE:
+        raise StoreError(f"lineage table {kind!r} unknown: use one of {', '.join(_LINEAGE)}")
+    table = _LINEAGE[kind]
+    q = sa.select(table).order_by(table.c.ingest_seq)
+    if as_of is not None:
+        q = q.where(table.c.ingest_seq <= as_of)
+    return [dict(r._mapping) for r in conn.execute(q)]

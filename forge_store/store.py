@@ -256,6 +256,11 @@ class Store:
         with self.engine.connect() as conn:
             return reads.events(conn, rollout_id, as_of)
 
+    def lineage(self, kind: str, *, as_of: int | None = None) -> list[dict]:
+        """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order)."""
+        with self.engine.connect() as conn:
+            return reads.lineage(conn, kind, as_of)
+
     def trajectory(self, rollout_id: str, *, as_of: int | None = None) -> Trajectory:
         with self.engine.connect() as conn:
             return Trajectory(

@@ -1,0 +1,97 @@
+"""Export benchmark: a synthetic SQLite store of >= 100,000 calls, exported as veRL shards.
+
+Builds the store fast (store ops batched into few transactions), then times ``learner.export.export``.
+Prints a JSON object as the last line: samples_per_s, peak_rss_mb, merge_rate (and sizes). Never asserts times.
+Usage: python bench/export.py [--rollouts 10000] [--turns 10] [--group 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from forge_store import CallRecord, Settings, open_store  # noqa: E402
+from forge_store.apply import apply_ops  # noqa: E402  (bench only: batch the writes)
+from learner.export import export  # noqa: E402
+from learner.plan import ExportConfig  # noqa: E402
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def build(st, rollouts: int, turns: int, group: int, seed: int = 0) -> int:
+    ops: list[dict] = []
+    st._write = ops.append  # collect ops, apply them in large transactions below
+    rng = random.Random(seed)
+    st.register_task("t", source="bench")
+    st.register_harness("bench", "1")
+    st.register_policy_version("p", model_name="m", global_step=1)
+    n_calls = 0
+    for g in range(rollouts // group):
+        gid = f"g{g:06d}"
+        st.create_group(gid, task_id="t", target_size=group, policy_version_id="p")
+        for k in range(group):
+            rid = f"{gid}r{k}"
+            st.start_rollout(rid, group_id=gid, task_id="t", policy_version_id="p", harness_id="bench@1")
+            prompt = [rng.randrange(32000) for _ in range(200)]
+            for t in range(turns):
+                if k % 5 == 0 and t == turns // 2:  # compaction: a fresh, shorter prompt
+                    prompt = prompt[:50] + [rng.randrange(32000) for _ in range(20)]
+                comp = [rng.randrange(32000) for _ in range(50)]
+                st.record_call(CallRecord(
+                    id=f"{rid}c{t}", rollout_id=rid, seq=t, api_surface="chat.completions",
+                    messages=[{"role": "user", "content": f"{rid} turn {t}"}], started_at=T0 + timedelta(seconds=t),
+                    prompt_token_ids=prompt, completion_token_ids=comp, completion_logprobs=[-0.25] * 50,
+                    finish_reason="stop", token_exact=True, policy_version_id="p", response={"text": "ok"}))
+                n_calls += 1
+                prompt = prompt + comp + [rng.randrange(32000) for _ in range(30)]
+            st.finish_rollout(rid, "success" if rng.random() < 0.5 else "failure", ended_at=T0)
+            st.add_reward(rid, float(rng.random() < 0.5), verifier_version="v1")
+        if len(ops) > 20_000:
+            _apply(st, ops)
+    _apply(st, ops)
+    return n_calls
+
+
+def _apply(st, ops: list[dict]) -> None:
+    with st.engine.begin() as conn:
+        apply_ops(conn, ops)
+    ops.clear()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rollouts", type=int, default=10_000)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--group", type=int, default=8)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(home=Path(tmp) / "home")
+        st = open_store(f"sqlite:///{tmp}/bench.sqlite", settings=settings)
+        t0 = time.perf_counter()
+        n_calls = build(st, args.rollouts, args.turns, args.group)
+        st.close()
+        build_s = time.perf_counter() - t0
+        st = open_store(f"sqlite:///{tmp}/bench.sqlite", settings=settings)
+        t0 = time.perf_counter()
+        m = export(st, Path(tmp) / "out", ExportConfig(format="verl"))
+        export_s = time.perf_counter() - t0
+        st.close()
+    samples = m["counts"]["rows"]["trajectories"]
+    print(json.dumps({"calls": n_calls, "rollouts": args.rollouts, "samples": samples, "build_s": round(build_s, 1),
+                      "export_s": round(export_s, 1), "samples_per_s": round(samples / export_s, 1),
+                      "calls_per_s": round(n_calls / export_s, 1),
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      "merge_rate": m["merge_rate"]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Token-exact trajectory reconstruction: a rollout's calls -> training segments (DESIGN "Reconstruction").
+
+Sort the calls by ``seq``. A usable call whose engine prompt ids start with the current segment's
+(prompt + response) ids extends it: the new prompt tokens (tool output, user turns, chat-template glue) go in with
+mask 0, the completion with mask 1 and its logprobs. Otherwise it starts a new segment (compaction, edited history,
+sub-agents, templates that strip earlier reasoning, retries that re-send an earlier prompt).
+
+Which calls are usable (and why the others are not) is decided here and becomes exclusions upstream:
+
+* ``infra_error``: the call carries an ``error_class`` or an upstream status >= 400 (nothing the policy produced).
+* ``not_token_exact``: ``token_exact`` is false or the engine ids are missing (hosted teachers; SFT only, invariant 2).
+* ``truncated``: ``finish_reason == "length"`` (configurable). A skipped truncated completion is never trained
+  on; if the next call's prompt still contains it, it rides along as mask-0 context of the extended segment.
+
+A skipped call does not break the chain: the next call is compared with the segment built so far.
+Positions without a sampled token (mask 0) carry logprob 0.0; a segment with any call lacking logprobs has
+``response_logprobs = None`` rather than invented numbers. Multimodal calls need nothing special: image
+placeholder tokens are engine prompt ids like any other; the segment lists the image blob hashes for lineage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from forge_store import StoredCall
+
+
+@dataclass
+class Segment:
+    """One training sample: the first call's prompt, then everything after it as the response."""
+
+    call_ids: list[str]
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] | None = field(default_factory=list)
+    num_turns: int = 0
+    tool_schema_hashes: list[str] = field(default_factory=list)
+    policy_version_ids: list[str] = field(default_factory=list)
+    image_hashes: list[str] = field(default_factory=list)
+
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def _note(self, call: StoredCall) -> None:
+        self.call_ids.append(call.id)
+        self.num_turns += 1
+        for attr, value in (("tool_schema_hashes", call.tool_schema_hash), ("policy_version_ids", call.policy_version_id)):
+            if value and value not in getattr(self, attr):
+                getattr(self, attr).append(value)
+        for h in call.image_hashes or ():
+            if h not in self.image_hashes:
+                self.image_hashes.append(h)
+
+
+@dataclass(frozen=True)
+class CallExclusion:
+    call_id: str
+    reason: str
+    detail: dict
+
+
+@dataclass
+class Reconstruction:
+    segments: list[Segment]
+    excluded: list[CallExclusion]
+    n_calls: int
+    merged: int  # calls that extended a segment instead of starting one
+
+    @property
+    def merge_rate(self) -> float:
+        return self.merged / self.n_calls if self.n_calls else 0.0
+
+
+def call_problem(call: StoredCall, *, keep_truncated: bool = False) -> CallExclusion | None:
+    """Why ``call`` cannot be a token-level training call, or None when it can."""
+    if call.error_class or (call.upstream_status is not None and call.upstream_status >= 400):
+        return CallExclusion(call.id, "infra_error", {"error_class": call.error_class,
+                                                      "upstream_status": call.upstream_status})
+    if not call.token_exact or call.prompt_token_ids is None or call.completion_token_ids is None:
+        return CallExclusion(call.id, "not_token_exact", {"token_exact": call.token_exact,
+                                                          "has_ids": call.prompt_token_ids is not None})
+    if call.finish_reason == "length" and not keep_truncated:
+        return CallExclusion(call.id, "truncated", {"finish_reason": "length"})
+    return None
+
+
+def _starts_with(ids: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(ids) >= len(prefix) and list(ids[: len(prefix)]) == list(prefix)
+
+
+def reconstruct_rollout(calls: Iterable[StoredCall], *, keep_truncated: bool = False) -> Reconstruction:
+    """Segments of one rollout plus the calls that were left out and why."""
+    ordered = sorted(calls, key=lambda c: (c.seq, c.id))
+    segments: list[Segment] = []
+    excluded: list[CallExclusion] = []
+    merged = 0
+    current: Segment | None = None
+    current_full: list[int] = []
+    for call in ordered:
+        problem = call_problem(call, keep_truncated=keep_truncated)
+        if problem is not None:
+            excluded.append(problem)
+            continue
+        prompt, completion = call.prompt_token_ids, call.completion_token_ids
+        logprobs = call.completion_logprobs
+        if current is not None and _starts_with(prompt, current_full):
+            merged += 1
+            new_prompt = prompt[len(current_full):]
+            current.response_ids += new_prompt
+            current.response_mask += [0] * len(new_prompt)
+            if current.response_logprobs is not None:
+                current.response_logprobs += [0.0] * len(new_prompt)
+        else:
+            current = Segment(call_ids=[], prompt_ids=list(prompt))
+            segments.append(current)
+        current.response_ids += completion
+        current.response_mask += [1] * len(completion)
+        if current.response_logprobs is not None:
+            current.response_logprobs = None if logprobs is None else current.response_logprobs + list(logprobs)
+        current._note(call)
+        current_full = list(prompt) + list(completion)
+    return Reconstruction(segments, excluded, len(ordered), merged)
+
+
+def reconstruct(calls: Iterable[StoredCall], *, keep_truncated: bool = False) -> list[Segment]:
+    """DESIGN's ``reconstruct(calls) -> segments``; see :func:`reconstruct_rollout` for the left-out calls."""
+    return reconstruct_rollout(calls, keep_truncated=keep_truncated).segments

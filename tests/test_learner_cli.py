@@ -1,0 +1,29 @@
+"""``openforge export`` and ``openforge export verify`` through the real CLI (typer runner, real SQLite)."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from forge_store import open_store
+from learner.cli import export_app
+from tests.test_learner_export import _seed
+
+app = typer.Typer()
+app.add_typer(export_app, name="export")
+
+
+def test_export_and_verify_cli(tmp_path, settings):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    with open_store(url, settings=settings) as st:
+        _seed(st)
+    r = CliRunner().invoke(app, ["export", "--format", "trl", "--where", "attempt = 1", "--store", url,
+                                 "--out", str(tmp_path / "x")])
+    assert r.exit_code == 0, r.output
+    assert "merge rate 0.5" in r.output
+    r = CliRunner().invoke(app, ["export", "verify", str(tmp_path / "x" / "manifest.json"), "--store", url])
+    assert r.exit_code == 0 and "verified" in r.output
+    r = CliRunner().invoke(app, ["export", "--where", "outcome = success", "--store", url, "--out", str(tmp_path / "y")])
+    assert r.exit_code == 2 and "Example: outcome = 'success'" in r.output
+    r = CliRunner().invoke(app, ["export", "--store", url, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "not empty" in r.output
