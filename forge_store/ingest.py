@@ -76,7 +76,8 @@ class CallEncoder:
         tools_body = canonical_json(rec.tools).decode() if rec.tools else None
         tools_hash = sha256_hex(tools_body.encode()) if tools_body else None
         prompt_raw = ids_to_bytes(rec.prompt_token_ids) if rec.prompt_token_ids is not None else None
-        response_message_hash = json_sha256(rec.response_message) if rec.response_message is not None else None
+        response_body = canonical_json(rec.response_message).decode() if rec.response_message is not None else None
+        response_message_hash = sha256_hex(response_body.encode()) if response_body is not None else None
         # Without a hash from the caller, hash the request Merkle-style (message hashes, tools hash, params):
         # equal requests still hash equal, at O(new content) cost.
         request_hash = rec.request_hash or json_sha256({"messages": hashes, "tools": tools_hash, "params": rec.params})
@@ -114,6 +115,9 @@ class CallEncoder:
                 self._rollouts.move_to_end(rec.rollout_id)
                 while len(self._rollouts) > self.max_rollouts:
                     self._rollouts.popitem(last=False)
+            if response_message_hash and response_message_hash not in self._journaled:
+                new_msgs[response_message_hash] = (rec.response_message.get("role"), response_body)
+                self._remember(self._journaled, response_message_hash, self.max_hashes)
             tools = None
             if tools_hash and tools_hash not in self._journaled:
                 tools = (tools_hash, tools_body)

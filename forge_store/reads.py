@@ -117,7 +117,9 @@ def resolve_calls(conn: sa.Connection, rows: dict) -> list[StoredCall]:
     for cid in rows:
         prompt_of(cid)
         ids_of(cid)
-    bodies = _load_bodies(conn, _messages, {h for p in prompts.values() for h in p})
+    wanted = {h for p in prompts.values() for h in p}
+    wanted |= {r.response_message_hash for r in rows.values() if r.response_message_hash}
+    bodies = _load_bodies(conn, _messages, wanted)
     tools = _load_bodies(conn, _tools, {r.tool_schema_hash for r in rows.values() if r.tool_schema_hash})
     out = []
     for cid, r in rows.items():
@@ -137,6 +139,8 @@ def resolve_calls(conn: sa.Connection, rows: dict) -> list[StoredCall]:
                 messages=[json.loads(bodies[h]) for h in prompts[cid]], message_hashes=prompts[cid],
                 tools=json.loads(tools[r.tool_schema_hash]) if r.tool_schema_hash in tools else None,
                 response=r.response, response_message_hash=r.response_message_hash, finish_reason=r.finish_reason,
+                response_message=json.loads(bodies[r.response_message_hash])
+                if r.response_message_hash in bodies else None,
                 prompt_token_ids=prompt_ids,
                 completion_token_ids=bytes_to_ids(unpack_ids_raw(r.completion_ids)) if r.completion_ids else (
                     [] if r.completion_ids is not None else None),

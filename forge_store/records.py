@@ -115,6 +115,7 @@ class StoredCall:
     message_hashes: list[str]
     tools: list | None
     response: dict | None
+    response_message: dict | None
     response_message_hash: str | None
     finish_reason: str | None
     prompt_token_ids: list[int] | None

@@ -40,6 +40,7 @@ def test_calls_round_trip_in_order_with_full_prompts(store):
         assert c.tools == expected.tools
         assert c.params == {"model": "m", "temperature": 1.0}
         assert c.token_exact and c.policy_version_id == "p1" and c.finish_reason == "stop"
+        assert c.response_message == {"role": "assistant", "content": f"action {turn}"}
         assert c.started_at.tzinfo is not None
 
 
@@ -72,6 +73,7 @@ def test_prompts_are_stored_as_deltas(store):
         assert row.prompt_ids_base_call_id == prev.id
         assert row.prompt_ids_prefix_len == len(make_call("x", "r", prev.seq).prompt_token_ids)
     distinct = {m["content"] for t in range(6) for m in make_call("x", "r", t).messages}
+    distinct.add("action 5")  # the last answer, not yet in any prompt; earlier answers share their prompt hashes
     assert n_messages == len(distinct)
 
 
