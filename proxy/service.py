@@ -183,6 +183,11 @@ class ProxyService:
             except UpstreamFailure as exc:
                 rec.error_class, rec.error_detail = exc.error_class, exc.message
                 yield relay.failure(exc)
+            except orjson.JSONDecodeError as exc:  # the upstream broke its own protocol: say so, keep what came
+                failure = UpstreamFailure(502, f"upstream sent a stream event that is not JSON ({exc})",
+                                          "upstream_protocol")
+                rec.error_class, rec.error_detail = failure.error_class, failure.message
+                yield relay.failure(failure)
             if not relay.done and rec.error_class is None:
                 rec.error_class = "upstream_stream_truncated"
             self._fill(rec, relay.result())

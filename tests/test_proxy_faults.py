@@ -203,3 +203,49 @@ def test_bad_admin_requests(px):
     assert px.admin("POST", "/admin/rollouts/x/end", json={"outcome": "exploded"}).status_code == 400
     r = httpx.post(px.url + "/admin/pause", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
+
+
+def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
+    """A real HTTP server that answers a stream with one good chunk, then bytes that are not JSON."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.proxy_fixtures import ServeInThread
+    from forge_store import Settings
+    from proxy import build_proxy
+
+    class Broken(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            good = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}]}
+            import json
+
+            self.wfile.write(b"data: " + json.dumps(good).encode() + b"\n\ndata: {not json\n\n")
+            self.wfile.flush()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = build_proxy(f"http://127.0.0.1:{server.server_port}", settings=Settings(home=tmp_path / "h"),
+                        store_url=f"sqlite:///{tmp_path / 's.sqlite'}")
+    serve = ServeInThread(proxy.app)
+    url = serve.start()
+    try:
+        token = proxy.signer.issue("r1")
+        proxy.service.registry.register("r1")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+        with pytest.raises(openai.APIError, match="not JSON"):
+            list(client.chat.completions.create(model="m", messages=USER, stream=True))
+        proxy.store.flush(10)
+        (call,) = proxy.store.calls("r1")
+        assert call.error_class == "upstream_protocol" and call.response["text"] == "hi"
+    finally:
+        serve.stop()
+        server.shutdown()
+        proxy.store.close()
