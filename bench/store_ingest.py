@@ -147,7 +147,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sqlite_url = f"sqlite:///{tmp / 'bench.sqlite'}"
-        with open_store(sqlite_url, settings=Settings(home=tmp / "h0")) as st:
+        with open_store(sqlite_url, settings=Settings(home=tmp / "h0")):
             base_db = (tmp / "bench.sqlite").stat().st_size
         data = generate(args.rollouts, args.turns)
         naive_total = sum(naive for calls in data for _, naive in calls)

@@ -67,6 +67,22 @@ def sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def upstream_chunk(event: bytes) -> tuple[str, object]:
+    """Classify one upstream chat-completions SSE event for a translating relay:
+    ``("skip", None)`` (comment or other field), ``("done", None)`` (``[DONE]``), ``("error", (detail, message))``
+    (an error event), or ``("chunk", dict)``. A payload that is not JSON raises ``orjson.JSONDecodeError``."""
+    data = sse_data(event)
+    if data is None:
+        return "skip", None
+    if data == b"[DONE]":
+        return "done", None
+    chunk = orjson.loads(data)
+    if "error" in chunk and not chunk.get("choices"):
+        err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+        return "error", (data[:2000].decode(errors="replace"), str(err.get("message")))
+    return "chunk", chunk
+
+
 def sse_event(name: str, data: dict) -> bytes:
     """One named SSE event, as the Responses and Messages APIs send them."""
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"

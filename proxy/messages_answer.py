@@ -17,7 +17,7 @@ import uuid
 import orjson
 
 from . import openai_chat
-from .adapters import sse_data, sse_event, upstream_message
+from .adapters import sse_event, upstream_chunk, upstream_message
 from .errors import ProxyError, UpstreamFailure
 from .record import Completion
 
@@ -119,17 +119,16 @@ class MessagesRelay:
             "ping", {"type": "ping"})
 
     def feed(self, event: bytes) -> bytes:
-        data = sse_data(event)
-        if data is None:
+        kind, chunk = upstream_chunk(event)
+        if kind == "skip":
             return b""
-        if data == b"[DONE]":
+        if kind == "done":
             self.done = True
             return b""
-        chunk = orjson.loads(data)
-        if "error" in chunk and not chunk.get("choices"):
-            self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
-            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return self._fail("api_error", str(err.get("message")))
+        if kind == "error":
+            detail, message = chunk
+            self.error = ("upstream_stream_error", detail)
+            return self._fail("api_error", message)
         self.chat.feed(chunk)
         out = self._head()
         for choice in chunk.get("choices") or []:

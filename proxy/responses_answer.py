@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from . import openai_chat
-from .adapters import chat_tool_call, sse_data, sse_event
+from .adapters import chat_tool_call, sse_event, upstream_chunk
 from .errors import UpstreamFailure
 from .record import Completion
 
@@ -190,17 +190,16 @@ class ResponsesRelay:
         return self._ev("response.created", response=r) + self._ev("response.in_progress", response=r)
 
     def feed(self, event: bytes) -> bytes:
-        data = sse_data(event)
-        if data is None:
+        kind, chunk = upstream_chunk(event)
+        if kind == "skip":
             return b""
-        if data == b"[DONE]":
+        if kind == "done":
             self.done = True
             return b""
-        chunk = orjson.loads(data)
-        if "error" in chunk and not chunk.get("choices"):
-            self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
-            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return self._fail("upstream_error", str(err.get("message")))
+        if kind == "error":
+            detail, message = chunk
+            self.error = ("upstream_stream_error", detail)
+            return self._fail("upstream_error", message)
         out = self._head()
         self.chat.feed(chunk)
         for choice in chunk.get("choices") or []:

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import JournalCorrupt, open_store
-from forge_store.schema import Call, Message
+from forge_store.schema import Call
 from tests.conftest import make_call
 from tests.netfault import TcpRelay
 
