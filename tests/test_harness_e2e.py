@@ -72,12 +72,15 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8", **extra}
 
 
-def run_codex(px: ProxyHarness, token: str, workdir: Path, *, websockets: bool = False):
+def run_codex(px: ProxyHarness, token: str, workdir: Path, *, websockets: bool = False, model: str = "mock-model",
+              config: str = "", task: str = TASK, timeout: float = TIMEOUT_S):
+    """`codex exec` through the proxy; `config` is more top-level TOML for its profile."""
     home = workdir.parent / "codex-home"
     home.mkdir(exist_ok=True)
     (home / "openforge.config.toml").write_text(f"""
-model = "mock-model"
+model = "{model}"
 model_provider = "openforge"
+{config}
 
 [model_providers.openforge]
 name = "OpenForge proxy"
@@ -89,17 +92,21 @@ request_max_retries = 0
 stream_max_retries = 0
 """)
     cmd = [str(_bin("codex")), "exec", "--profile", "openforge", "--skip-git-repo-check",
-           "--dangerously-bypass-approvals-and-sandbox", "-C", str(workdir), TASK]
+           "--dangerously-bypass-approvals-and-sandbox", "-C", str(workdir), task]
     env = _env(workdir.parent, CODEX_HOME=str(home), OPENFORGE_ROLLOUT_TOKEN=token)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
-def run_claude(px: ProxyHarness, token: str, workdir: Path):
-    cmd = [str(_bin("claude")), "-p", TASK, "--model", "mock-model", "--output-format", "json",
-           "--allowedTools", "Bash"]
+def run_claude(px: ProxyHarness, token: str, workdir: Path, *, model: str = "mock-model",
+               args: tuple[str, ...] = ("--allowedTools", "Bash"), env: dict[str, str] | None = None,
+               task: str = TASK, timeout: float = TIMEOUT_S):
+    """`claude -p` through the proxy; `args` and `env` are its extra flags and environment."""
+    cmd = [str(_bin("claude")), "-p", task, "--model", model, "--output-format", "json", *args]
     env = _env(workdir.parent, ANTHROPIC_BASE_URL=px.url, ANTHROPIC_API_KEY=token, DISABLE_TELEMETRY="1",
-               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1")
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=workdir,
+               CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1",
+               **(env or {}))
+    return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=timeout, cwd=workdir,
                           stdin=subprocess.DEVNULL)
 
 

