@@ -169,6 +169,11 @@ def test_export_verl_numbers_exclusions_and_readers(store, tmp_path):
         assert len(r.response_ids) == len(r.response_mask) == len(r.response_logprobs)
     rows = duckdb.sql(f"select count(*), min(num_turns) from '{tmp_path}/x/trajectories-*.parquet'").fetchone()
     assert rows == (5, 2)
+    import datasets  # Hugging Face datasets, the loader trainers use; local files only, nothing from a hub
+
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "x" / "trajectories-*.parquet"),
+                               split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert ds.num_rows == 5 and ds[0]["response_ids"] == list(df["response_ids"][0])
     prompts = pq.read_table(tmp_path / "x" / "rl_prompts-00000.parquet").to_pylist()
     assert [p["extra_info"]["group_id"] for p in prompts] == ["g1", "g4"] and prompts[0]["agent_name"] == "h"
     assert prompts[0]["data_source"] == "swe-gym" and prompts[0]["prompt"][0]["role"] == "system"
