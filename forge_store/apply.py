@@ -30,7 +30,6 @@ TABLES: dict[str, sa.Table] = {
 }
 # Dependency order inside one batch: rows that others point at first, rollout finishes last.
 ORDER = (*TABLES, "rollout_finish")
-KINDS = frozenset(ORDER)
 
 _counter = schema.IngestCounter.__table__
 _messages = schema.Message.__table__

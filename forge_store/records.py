@@ -11,8 +11,6 @@ from datetime import datetime
 
 API_SURFACES = ("chat.completions", "completions", "responses", "messages")
 
-ROLLOUT_STATUSES = ("running", "finished")
-
 # DESIGN.md outcome taxonomy; "cancelled" is a run stopped by the user (Ctrl-C), neither graded nor retried.
 OUTCOMES = ("success", "failure", "policy_timeout", "harness_error", "infra_error", "cancelled")
 

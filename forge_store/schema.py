@@ -18,8 +18,6 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = "0001"
-
 JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
 
 

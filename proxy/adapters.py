@@ -67,20 +67,41 @@ def sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-def upstream_chunk(event: bytes) -> tuple[str, object]:
-    """Classify one upstream chat-completions SSE event for a translating relay:
-    ``("skip", None)`` (comment or other field), ``("done", None)`` (``[DONE]``), ``("error", (detail, message))``
-    (an error event), or ``("chunk", dict)``. A payload that is not JSON raises ``orjson.JSONDecodeError``."""
-    data = sse_data(event)
-    if data is None:
-        return "skip", None
-    if data == b"[DONE]":
-        return "done", None
-    chunk = orjson.loads(data)
-    if "error" in chunk and not chunk.get("choices"):
-        err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-        return "error", (data[:2000].decode(errors="replace"), str(err.get("message")))
-    return "chunk", chunk
+class TranslatingRelay:
+    """Base of the relays that turn upstream chat-completions chunks into another API's events.
+
+    ``feed`` handles what every such relay must: comments and other SSE fields yield nothing, ``[DONE]`` ends the
+    stream, an upstream error event becomes the API's own failure (``_fail(ERROR_KIND, message)``); each chat chunk
+    goes to ``_on_chunk``. A payload that is not JSON raises ``orjson.JSONDecodeError`` (the service records it).
+    """
+
+    ERROR_KIND = "api_error"
+    done = False
+    error: tuple[str, str] | None = None
+
+    @property
+    def first_token(self) -> bool:
+        return self.chat.first_token
+
+    def feed(self, event: bytes) -> bytes:
+        data = sse_data(event)
+        if data is None:
+            return b""
+        if data == b"[DONE]":
+            self.done = True
+            return b""
+        chunk = orjson.loads(data)
+        if "error" in chunk and not chunk.get("choices"):
+            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+            self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
+            return self._fail(self.ERROR_KIND, str(err.get("message")))
+        return self._on_chunk(chunk)
+
+    def _on_chunk(self, chunk: dict) -> bytes:
+        raise NotImplementedError
+
+    def _fail(self, kind: str, message: str) -> bytes:
+        raise NotImplementedError
 
 
 def sse_event(name: str, data: dict) -> bytes:

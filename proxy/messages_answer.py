@@ -17,7 +17,7 @@ import uuid
 import orjson
 
 from . import openai_chat
-from .adapters import sse_event, upstream_chunk, upstream_message
+from .adapters import sse_event, TranslatingRelay, upstream_message
 from .errors import ProxyError, UpstreamFailure
 from .record import Completion
 
@@ -96,17 +96,13 @@ def answer(data: dict, ctx: dict) -> dict:
             "content": content, "stop_reason": stop, "stop_sequence": seq, "usage": usage(comp.usage)}
 
 
-class MessagesRelay:
+class MessagesRelay(TranslatingRelay):
     """Upstream chat chunks in, Messages events out (see the module docstring for the sequence)."""
 
     def __init__(self, ctx: dict):
         self.ctx, self.chat = ctx, openai_chat.StreamState(openai_chat.Wants(False, False, False))
-        self.done, self.error, self.failed, self.started = False, None, False, False
+        self.failed, self.started = False, False
         self.blocks, self.open, self.matched, self.thinking = 0, None, None, ""  # open: (kind, index)
-
-    @property
-    def first_token(self) -> bool:
-        return self.chat.first_token
 
     def _head(self) -> bytes:
         if self.started:
@@ -118,17 +114,9 @@ class MessagesRelay:
         return sse_event("message_start", {"type": "message_start", "message": msg}) + sse_event(
             "ping", {"type": "ping"})
 
-    def feed(self, event: bytes) -> bytes:
-        kind, chunk = upstream_chunk(event)
-        if kind == "skip":
-            return b""
-        if kind == "done":
-            self.done = True
-            return b""
-        if kind == "error":
-            detail, message = chunk
-            self.error = ("upstream_stream_error", detail)
-            return self._fail("api_error", message)
+    ERROR_KIND = "api_error"
+
+    def _on_chunk(self, chunk: dict) -> bytes:
         self.chat.feed(chunk)
         out = self._head()
         for choice in chunk.get("choices") or []:

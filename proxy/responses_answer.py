@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from . import openai_chat
-from .adapters import chat_tool_call, sse_event, upstream_chunk
+from .adapters import chat_tool_call, sse_event, TranslatingRelay
 from .errors import UpstreamFailure
 from .record import Completion
 
@@ -166,17 +166,13 @@ def answer(data: dict, turn: Turn) -> dict:
     return response_object(turn, comp.finish_reason, items, comp.usage)
 
 
-class ResponsesRelay:
+class ResponsesRelay(TranslatingRelay):
     """Upstream chat chunks in, Responses events out (see the module docstring for the sequence)."""
 
     def __init__(self, turn: Turn):
         self.turn, self.chat = turn, openai_chat.StreamState(openai_chat.Wants(False, False, False))
-        self.done, self.error, self.failed = False, None, False
+        self.failed = False
         self.seq, self.items, self.open = 0, [], None  # open: [kind, item id, output index, text so far]
-
-    @property
-    def first_token(self) -> bool:
-        return self.chat.first_token
 
     def _ev(self, kind: str, **fields) -> bytes:
         out = sse_event(kind, {"type": kind, "sequence_number": self.seq, **fields})
@@ -189,17 +185,9 @@ class ResponsesRelay:
         r = response_object(self.turn, None, [], None, status="in_progress")
         return self._ev("response.created", response=r) + self._ev("response.in_progress", response=r)
 
-    def feed(self, event: bytes) -> bytes:
-        kind, chunk = upstream_chunk(event)
-        if kind == "skip":
-            return b""
-        if kind == "done":
-            self.done = True
-            return b""
-        if kind == "error":
-            detail, message = chunk
-            self.error = ("upstream_stream_error", detail)
-            return self._fail("upstream_error", message)
+    ERROR_KIND = "upstream_error"
+
+    def _on_chunk(self, chunk: dict) -> bytes:
         out = self._head()
         self.chat.feed(chunk)
         for choice in chunk.get("choices") or []:
