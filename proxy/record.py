@@ -89,6 +89,19 @@ class PromptCache:
         return PreparedPrompt(prepared, [x for per in images for x in per], set().union(*hits) if hits else set())
 
 
+_IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
+
+
+def _has_image_part(parts) -> bool:
+    for part in parts if isinstance(parts, list) else ():
+        if isinstance(part, dict) and (part.get("type") in _IMAGE_PARTS or _has_image_part(part.get("content"))):
+            return True
+    return False
+
+
 def has_inline_data(messages: list, start: int = 0) -> bool:
-    """Cheap test whether messages past ``start`` might carry base64 images (content given as a list of parts)."""
-    return any(not isinstance(m.get("content"), (str, type(None))) for m in messages[start:] if isinstance(m, dict))
+    """Whether messages past ``start`` carry image parts (whose blob writes should not block the event loop).
+
+    Text-only content lists (Claude Code sends every message as a list of blocks) stay on the loop: a thread hop
+    per call would cost more than the preparation itself. Tool results nest their content one level down."""
+    return any(_has_image_part(m.get("content")) for m in messages[start:] if isinstance(m, dict))
