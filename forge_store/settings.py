@@ -71,6 +71,24 @@ class Settings(BaseSettings):
         "through to the upstream's own /v1/messages (not token-exact).",
     )
 
+    # The rollout orchestrator (``openforge run``).
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Installs that sandboxes see read-only (npm harnesses, the mini-swe-agent venv). Default: "
+        "/var/cache/openforge as root (bubblewrap runs as nobody and cannot enter /root), else ~/.cache/openforge.",
+    )
+    sandbox_dir: Path | None = Field(default=None, description="Local sandboxes' folders. Default: HOME/sandboxes.")
+
+    def resolved_cache_dir(self) -> Path:
+        import os
+
+        if self.cache_dir:
+            return self.cache_dir
+        return Path("/var/cache/openforge") if os.geteuid() == 0 else Path.home() / ".cache" / "openforge"
+
+    def resolved_sandbox_dir(self) -> Path:
+        return (self.sandbox_dir or self.home / "sandboxes").resolve()
+
     def resolved_store_url(self) -> str:
         return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"
 

@@ -86,4 +86,4 @@ def make_call(call_id: str, rollout_id: str | None, turn: int, *, messages=None,
         response_message={"role": "assistant", "content": f"action {turn}"}, finish_reason="stop",
         token_exact=True, usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)}, **kw,
     )
-pytest_plugins = ["tests.proxy_fixtures"]
+pytest_plugins = ["tests.proxy_fixtures", "tests.rollout_fixtures"]

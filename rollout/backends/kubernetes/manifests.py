@@ -1,0 +1,299 @@
+"""Manifests for one rollout (Pod, Secret, ConfigMaps) and the namespace's NetworkPolicy, as plain dicts.
+
+Pure functions of the ``SandboxSpec`` and ``KubernetesConfig``: no API calls, so every manifest validates offline.
+Phases map onto one pod in declared order: a seed init container fills the workspace emptyDir; background phases
+become native sidecars (init containers with ``restartPolicy: Always``, k8s >= 1.29, ``startupProbe`` on
+``ready_port``); every other phase but the last becomes an init container; the last is the main container.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..base import ENVIRONMENT_DIR, SandboxError, SandboxSpec
+from .config import MANAGED_BY, KubernetesConfig
+from .results import FILES_DIR, PHASE_SCRIPT, message_limit
+
+LABEL_PREFIX = "openforge.dev/"
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+ROLE = {LABEL_PREFIX + "role": "rollout"}
+TOKEN_KEY = "token"
+TOKEN_ENV = "OPENFORGE_PROXY_TOKEN"
+HOME = "/home/openforge"
+SEED = "seed"
+SEED_SCRIPT = r"""set -eu
+mkdir -p "$OPENFORGE_WORKDIR" /logs/verifier /logs/agent
+if [ -d /openforge/seed ]; then
+  for f in /openforge/seed/* /openforge/seed/.[!.]*; do
+    [ -e "$f" ] && cp -RL "$f" "$OPENFORGE_WORKDIR/"
+  done
+fi
+"""
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Names the backend needs after creation: which container runs which phase."""
+
+    pod: str
+    secret: str
+    configmaps: tuple[str, ...]
+    containers: dict[str, tuple[str, str]]    # phase name -> (container name, "sidecar" | "init" | "main")
+
+
+def dns_name(prefix: str, raw: str, max_len: int = 63) -> str:
+    """A DNS-1123 label from ``raw``; a hash suffix keeps distinct ids distinct after lowering/cutting."""
+    clean = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    name = f"{prefix}-{clean}" if clean else prefix
+    if name != f"{prefix}-{raw}" or len(name) > max_len:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+        name = f"{name[:max_len - 9].rstrip('-')}-{digest}"
+    return name
+
+
+def label_value(raw: str) -> str:
+    if len(raw) <= 63 and _LABEL_VALUE.match(raw):
+        return raw
+    return dns_name("x", raw)
+
+
+def rollout_labels(spec: SandboxSpec) -> dict[str, str]:
+    for key in spec.labels:
+        if not _LABEL_KEY.match(key):
+            raise SandboxError(f"label key {key!r} is not a valid Kubernetes label key (optional DNS prefix and '/', "
+                               f"then up to 63 of [A-Za-z0-9-_.]); rename it", kind="spec_invalid")
+    labels = {k: label_value(v) for k, v in spec.labels.items()}
+    labels.update(MANAGED)
+    labels.update({LABEL_PREFIX + "run": label_value(spec.run_id), LABEL_PREFIX + "group": label_value(spec.group_id),
+                   LABEL_PREFIX + "rollout": label_value(spec.rollout_id),
+                   LABEL_PREFIX + "task": label_value(spec.task_id)})
+    return labels
+
+
+def pinned_image(ref: str, cfg: KubernetesConfig, known: dict[str, str]) -> str:
+    """``ref@sha256:...`` when the digest is configured or was seen on an earlier pod; ``ref`` otherwise."""
+    if "@" in ref:
+        return ref
+    digest = cfg.image_digests.get(ref) or known.get(ref)
+    return f"{ref}@{digest}" if digest else ref
+
+
+def _literal(s: str) -> str:
+    """Escape ``$`` so the kubelet's ``$(VAR)`` expansion leaves the string as written."""
+    return s.replace("$", "$$")
+
+
+def _tree(root: Path) -> list[tuple[str, bytes, int]]:
+    if root.is_file():
+        return [(root.name, root.read_bytes(), root.stat().st_mode & 0o777)]
+    return [(p.relative_to(root).as_posix(), p.read_bytes(), p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()]
+
+
+def _configmap(name: str, labels: dict, files: list[tuple[str, bytes, int]], cfg: KubernetesConfig,
+               what: str) -> tuple[dict, list[dict]]:
+    size = sum(len(b) for _, b, _ in files)
+    if size > cfg.configmap_max_bytes:
+        raise SandboxError(f"{what}: {size} bytes; a ConfigMap carries at most configmap_max_bytes="
+                           f"{cfg.configmap_max_bytes} (etcd limits objects to ~1 MiB). Bake it into the image "
+                           f"and list its path in image_provides", kind="spec_too_large")
+    data, binary, items = {}, {}, []
+    for i, (rel, blob, mode) in enumerate(files):
+        key = f"f{i}"
+        try:
+            data[key] = blob.decode("utf-8")
+        except UnicodeDecodeError:
+            binary[key] = base64.b64encode(blob).decode()
+        items.append({"key": key, "path": rel, "mode": mode})
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels},
+          "immutable": True, "data": data}
+    if binary:
+        cm["binaryData"] = binary
+    return cm, items
+
+
+def _resources(cpus: float, memory_mb: int, storage_mb: int | None = None) -> dict:
+    r = {"cpu": f"{max(1, math.ceil(cpus * 1000))}m", "memory": f"{memory_mb}Mi"}
+    if storage_mb:
+        r["ephemeral-storage"] = f"{storage_mb}Mi"
+    return {"requests": dict(r), "limits": dict(r)}
+
+
+def _security(cfg: KubernetesConfig) -> dict:
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": cfg.read_only_root_fs, "runAsNonRoot": True}
+
+
+def build(spec: SandboxSpec, cfg: KubernetesConfig, image: str) -> tuple[dict, dict, list[dict], PodPlan]:
+    """(pod, secret, configmaps, plan) for one rollout; raises ``SandboxError`` for a spec a pod cannot carry."""
+    pod_name = dns_name("of", spec.rollout_id)
+    labels = rollout_labels(spec)
+    annotations = {LABEL_PREFIX + "rollout-id": spec.rollout_id, LABEL_PREFIX + "run-id": spec.run_id,
+                   LABEL_PREFIX + "task-id": spec.task_id}
+    meta = {"labels": labels, "annotations": annotations}
+    secret_data: dict[str, str] = {}
+    token = spec.proxy_token
+    if token:
+        secret_data[TOKEN_KEY] = base64.b64encode(token.encode()).decode()
+    configmaps: list[dict] = []
+    volumes: list[dict] = [{"name": "workspace", "emptyDir": {"sizeLimit": f"{spec.resources.storage_mb}Mi"}},
+                           {"name": "scratch", "emptyDir": {}}, {"name": "logs", "emptyDir": {}},
+                           {"name": "home", "emptyDir": {}}]
+    common_mounts = [{"name": "scratch", "mountPath": "/tmp"}, {"name": "logs", "mountPath": "/logs"}]
+
+    def ship(tag: str, source: Path, target: str, what: str) -> dict | None:
+        if target in cfg.image_provides:
+            return None
+        cm, items = _configmap(f"{pod_name}-{tag}", labels, _tree(source), cfg, what)
+        configmaps.append(cm)
+        volumes.append({"name": tag, "configMap": {"name": cm["metadata"]["name"], "items": items}})
+        if source.is_file():
+            return {"name": tag, "mountPath": target, "subPath": source.name, "readOnly": True}
+        return {"name": tag, "mountPath": target, "readOnly": True}
+
+    seed_mounts = [{"name": "workspace", "mountPath": spec.workdir}, *common_mounts]
+    if spec.workspace_seed is not None:
+        m = ship("ws", spec.workspace_seed, "/openforge/seed", f"workspace seed {spec.workspace_seed}")
+        seed_mounts += [m] if m else []
+    shared = []
+    if spec.environment_dir is not None:
+        m = ship("env", spec.environment_dir, ENVIRONMENT_DIR, f"environment folder {spec.environment_dir}")
+        shared += [m] if m else []
+    for i, mount in enumerate(spec.mounts):
+        m = ship(f"m{i}", mount.source, mount.target, f"mount {mount.source} -> {mount.target}")
+        shared += [m] if m else []
+
+    foreground = [p for p in spec.phases if not p.background]
+    if not foreground:
+        raise SandboxError(f"rollout {spec.rollout_id}: no foreground phase; a pod needs one to be its main "
+                           f"container (declare the verifier phase)", kind="spec_invalid")
+    n_containers = 1 + len(spec.phases)
+    env_common = [{"name": "OPENFORGE_PROXY_URL", "value": _literal(cfg.proxy_url)}]
+    if token:
+        env_common.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": TOKEN_KEY}}})
+    used: set[str] = {SEED}
+    containers: dict[str, tuple[str, str]] = {}
+    init: list[dict] = [{
+        "name": SEED, "image": image, "command": ["/bin/sh", "-c", _literal(SEED_SCRIPT)],
+        "env": [{"name": "OPENFORGE_WORKDIR", "value": _literal(spec.workdir)}], "volumeMounts": seed_mounts,
+        "resources": _resources(cfg.service_cpus, cfg.service_memory_mb), "securityContext": _security(cfg),
+        "terminationMessagePolicy": "File"}]
+    main: dict | None = None
+    for i, phase in enumerate(spec.phases):
+        cname = dns_name("p", phase.name)
+        if cname in used:
+            cname = dns_name("p", f"{phase.name}-{i}")
+        used.add(cname)
+        kind = "sidecar" if phase.background else ("main" if phase is foreground[-1] else "init")
+        containers[phase.name] = (cname, kind)
+        env = list(env_common)
+        for k, v in phase.env.items():
+            if token and token in v:
+                key = f"env-{i}-{re.sub(r'[^A-Za-z0-9._-]', '_', k)}"
+                secret_data[key] = base64.b64encode(v.encode()).decode()
+                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": key}}})
+            else:
+                env.append({"name": k, "value": _literal(v)})
+        home = phase.env.get("HOME", HOME)
+        if "HOME" not in phase.env:
+            env.append({"name": "HOME", "value": HOME})
+        file_lines = []
+        items = []
+        for j, (path, blob, mode) in enumerate(phase.files):
+            key = f"file-{i}-{j}"
+            secret_data[key] = base64.b64encode(blob).decode()
+            items.append({"key": key, "path": key})
+            file_lines.append(f"{key}\t{mode & 0o7777:o}\t{path}")
+        for path in phase.outputs:
+            if any(c in path for c in '"\\\n\t') or not path.startswith("/"):
+                raise SandboxError(f"phase {phase.name!r}: output path {path!r} must be absolute and free of "
+                                   f"quotes, backslashes and control characters", kind="spec_invalid")
+        env += [{"name": "OPENFORGE_MODE", "value": "service" if phase.background else "phase"},
+                {"name": "OPENFORGE_FILES", "value": _literal("\n".join(file_lines))},
+                {"name": "OPENFORGE_OUTPUTS", "value": _literal("\n".join(phase.outputs))},
+                {"name": "OPENFORGE_TIMEOUT_S", "value": str(math.ceil(phase.timeout_s))},
+                {"name": "OPENFORGE_MESSAGE_MAX", "value": str(message_limit(n_containers))}]
+        mounts = [{"name": "workspace", "mountPath": spec.workdir}, *common_mounts, *shared]
+        if home not in ("/tmp", spec.workdir):
+            mounts.append({"name": "home", "mountPath": home})
+        if items:
+            volumes.append({"name": f"files-{i}", "secret": {"secretName": pod_name, "items": items}})
+            mounts.append({"name": f"files-{i}", "mountPath": FILES_DIR, "readOnly": True})
+        for j, mount in enumerate(phase.mounts):
+            m = ship(f"p{i}m{j}", mount.source, mount.target, f"phase {phase.name!r} mount {mount.source}")
+            mounts += [m] if m else []
+        args = [_literal(a) for a in phase.argv]
+        if token:
+            args = [a.replace(token, f"$({TOKEN_ENV})") for a in args]
+        container = {
+            "name": cname, "image": image, "command": ["/bin/sh", "-c", _literal(PHASE_SCRIPT), "openforge-phase"],
+            "args": args, "workingDir": phase.cwd or spec.workdir, "env": env, "volumeMounts": mounts,
+            "securityContext": _security(cfg), "terminationMessagePolicy": "File",
+            "resources": (_resources(cfg.service_cpus, cfg.service_memory_mb) if phase.background else
+                          _resources(spec.resources.cpus, spec.resources.memory_mb))}
+        if phase.background:
+            container["restartPolicy"] = "Always"
+            if phase.ready_port:
+                period = 1
+                container["startupProbe"] = {"tcpSocket": {"port": phase.ready_port}, "periodSeconds": period,
+                                             "failureThreshold": max(1, math.ceil(phase.timeout_s / period))}
+        if kind == "main":
+            main = container
+        else:
+            init.append(container)
+    assert main is not None
+    backstop = int(sum(p.timeout_s for p in spec.phases if not p.background)) + cfg.deadline_backstop_s
+    pod_spec = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5, "activeDeadlineSeconds": max(1, backstop),
+        "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
+                            "fsGroup": cfg.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": init, "containers": [main], "volumes": volumes}
+    if cfg.service_account:
+        pod_spec["serviceAccountName"] = cfg.service_account
+    if cfg.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+    if cfg.node_selector:
+        pod_spec["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        pod_spec["tolerations"] = [_toleration(t) for t in cfg.tolerations]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": pod_name, "labels": {**labels, **ROLE}, "annotations": annotations},
+           "spec": pod_spec}
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+              "metadata": {"name": pod_name, **meta}, "data": secret_data}
+    for cm in configmaps:
+        cm["metadata"]["annotations"] = annotations
+    plan = PodPlan(pod_name, pod_name, tuple(c["metadata"]["name"] for c in configmaps), containers)
+    return pod, secret, configmaps, plan
+
+
+def _toleration(t) -> dict:
+    out = {"operator": t.operator}
+    for src, dst in (("key", "key"), ("value", "value"), ("effect", "effect"),
+                     ("toleration_seconds", "tolerationSeconds")):
+        if getattr(t, src) is not None:
+            out[dst] = getattr(t, src)
+    return out
+
+
+def network_policy(cfg: KubernetesConfig) -> dict:
+    """Rollout pods: no ingress; egress to the proxy pods' port (and cluster DNS when ``allow_dns``) only."""
+    egress = [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cfg.proxy_namespace}},
+                       "podSelector": {"matchLabels": dict(cfg.proxy_pod_labels)}}],
+               "ports": [{"protocol": "TCP", "port": cfg.proxy_port}]}]
+    if cfg.allow_dns:
+        egress.append({"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                               "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                       "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "openforge-rollouts", "namespace": cfg.namespace, "labels": dict(MANAGED)},
+            "spec": {"podSelector": {"matchLabels": {**MANAGED, **ROLE}}, "policyTypes": ["Ingress", "Egress"],
+                     "ingress": [], "egress": egress}}

@@ -1,0 +1,266 @@
+"""The process that lives inside each local sandbox (stdlib only: it runs under the sandbox's own python3).
+
+It does two jobs:
+
+- **control**: it reads newline-delimited JSON requests from an inherited socket (fd ``--ctl-fd``; no path exists
+  inside the sandbox, so nothing the harness runs can reach it) and runs phases: foreground commands with a deadline,
+  background services with a readiness port, file reads and writes. After every foreground phase it kills every
+  process in the sandbox except itself and the services, so nothing a harness leaves running can touch the
+  verifier's work.
+- **bridge**: it listens on ``127.0.0.1:--bridge-port`` inside the sandbox's private network namespace and relays
+  each connection to the proxy's Unix socket (``--bridge-socket``), the sandbox's only way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TAIL_BYTES = 256 * 1024
+
+
+def _relay_thread(port: int, socket_path: str) -> threading.Thread:
+    async def pump(reader, writer):
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except OSError:
+                pass
+
+    async def handle(reader, writer):
+        try:
+            up_r, up_w = await asyncio.open_unix_connection(socket_path)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+    async def main(ready: threading.Event):
+        server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    ready = threading.Event()
+    t = threading.Thread(target=lambda: asyncio.run(main(ready)), daemon=True, name="bridge")
+    t.start()
+    if not ready.wait(10):
+        raise RuntimeError(f"bridge could not listen on 127.0.0.1:{port}")
+    return t
+
+
+class Init:
+    def __init__(self, ctl: socket.socket):
+        self.ctl = ctl
+        self.services: dict[str, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+
+    def send(self, msg: dict) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        with self.lock:
+            self.ctl.sendall(data)
+
+    # --- processes -------------------------------------------------------------------------------------------
+    def _keep(self) -> set[int]:
+        """init, the namespace's pid 1, the services and every descendant of a service."""
+        tree = {p.pid for p in self.services.values() if p.poll() is None}
+        parents = _parents()
+        grew = True
+        while grew:
+            grew = False
+            for pid, ppid in parents.items():
+                if ppid in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        return tree | {os.getpid(), 1}
+
+    def kill_strays(self) -> int:
+        """SIGKILL everything in the sandbox's pid namespace that is not init or a service; returns how many."""
+        n = 0
+        for _ in range(5):
+            keep = self._keep()
+            victims = [pid for pid in _parents() if pid not in keep]
+            if not victims:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    n += 1
+                except ProcessLookupError:
+                    pass
+            _reap_children()
+            time.sleep(0.01)
+        return n
+
+    def run(self, req: dict) -> dict:
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        except OSError as exc:
+            return {"exit_code": 127, "timed_out": False, "duration_s": 0.0, "stdout": "",
+                    "stderr": _b64(f"could not start {req['argv'][0]!r}: {exc}\n".encode())}
+        timed_out = False
+        try:
+            code = proc.wait(timeout=req.get("timeout_s"))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _killpg(proc.pid)
+            proc.wait()
+            code = None
+        duration = time.monotonic() - t0
+        _killpg(proc.pid)
+        killed = self.kill_strays()
+        return {"exit_code": code, "timed_out": timed_out, "duration_s": duration, "strays_killed": killed,
+                "stdout": _b64(_tail(out)), "stderr": _b64(_tail(err))}
+
+    def start(self, req: dict) -> dict:
+        name = req["name"]
+        log = open(f"/tmp/.service-{name}.log", "wb")
+        proc = subprocess.Popen(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.services[name] = proc
+        port, deadline = req.get("ready_port"), time.monotonic() + float(req.get("timeout_s") or 10)
+        while port:
+            if proc.poll() is not None:
+                return {"exit_code": proc.returncode, "timed_out": False, "stderr": _b64(_read_log(name))}
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    return {"exit_code": None, "timed_out": True, "stderr": _b64(_read_log(name))}
+                time.sleep(0.02)
+        return {"exit_code": 0, "timed_out": False, "pid": proc.pid}
+
+    def handle(self, req: dict) -> dict:
+        op = req.get("op")
+        if op == "run":
+            return self.run(req)
+        if op == "start":
+            return self.start(req)
+        if op == "write":
+            path = req["path"]
+            os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(base64.b64decode(req["data"]))
+            os.chmod(path, int(req.get("mode", 0o644)))
+            return {"ok": True}
+        if op == "read":
+            try:
+                with open(req["path"], "rb") as f:
+                    return {"data": _b64(f.read())}
+            except OSError as exc:
+                return {"error": f"{type(exc).__name__}: {exc}"}
+        if op == "logs":
+            return {"data": _b64(b"".join(_read_log(n) for n in self.services))}
+        if op == "ping":
+            return {"pid": os.getpid()}
+        return {"error": f"unknown op {op!r}"}
+
+    def serve(self) -> None:
+        buf = b""
+        self.send({"ready": True, "pid": os.getpid()})
+        while True:
+            chunk = self.ctl.recv(1 << 20)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                req = json.loads(line)
+                try:
+                    resp = self.handle(req)
+                except Exception as exc:  # reported to the host, which classifies it; init keeps serving
+                    resp = {"error": f"{type(exc).__name__}: {exc}"}
+                resp["id"] = req.get("id")
+                self.send(resp)
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+                out[int(name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _reap_children() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(f) -> bytes:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - TAIL_BYTES))
+    return f.read()
+
+
+def _read_log(name: str) -> bytes:
+    try:
+        with open(f"/tmp/.service-{name}.log", "rb") as f:
+            return f.read()[-TAIL_BYTES:]
+    except OSError:
+        return b""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctl-fd", type=int, required=True)
+    ap.add_argument("--bridge-port", type=int, default=0)
+    ap.add_argument("--bridge-socket", default="")
+    ap.add_argument("--fsize-mb", type=int, default=0)
+    args = ap.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if args.fsize_mb:
+        limit = args.fsize_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    ctl = socket.socket(fileno=args.ctl_fd)
+    os.set_inheritable(args.ctl_fd, False)
+    if args.bridge_port and args.bridge_socket:
+        _relay_thread(args.bridge_port, args.bridge_socket)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    Init(ctl).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""How the orchestrator reaches the recording proxy: its admin API (HTTP), and a Unix socket for sandboxes.
+
+``AdminClient`` is the orchestrator's only handle on the proxy. ``EmbeddedProxy`` runs a proxy in this process
+(``openforge run --upstream URL``) sharing the orchestrator's store; ``SocketRelay`` gives sandboxes a Unix socket
+that forwards to any proxy's TCP address (``openforge run --proxy URL``), since a sandbox has no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+class ProxyUnavailable(RuntimeError):
+    """The proxy's admin API did not answer or refused: an infrastructure problem, with what was tried."""
+
+
+class AdminClient:
+    def __init__(self, url: str, admin_token: str, *, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {admin_token}"})
+
+    def _req(self, method: str, path: str, **kw) -> dict:
+        for attempt in range(4):
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.TransportError as exc:
+                err = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.25 * 2 ** attempt)
+                continue
+            if r.status_code >= 500:
+                err = f"HTTP {r.status_code}: {r.text[:300]}"
+                time.sleep(0.25 * 2 ** attempt)
+                continue
+            if r.status_code >= 400:
+                raise ProxyUnavailable(f"proxy admin {method} {path} -> HTTP {r.status_code}: {r.text[:500]}")
+            return r.json()
+        raise ProxyUnavailable(f"proxy admin API at {self.url} unreachable ({method} {path}): {err}; is the proxy "
+                               f"running and is --proxy right?")
+
+    def register_rollout(self, **fields) -> dict:
+        return self._req("POST", "/admin/rollouts", json=fields)
+
+    def end_rollout(self, rollout_id: str, outcome: str | None = None, detail: str | None = None) -> dict:
+        body = {"outcome": outcome, "detail": detail} if outcome else None
+        return self._req("POST", f"/admin/rollouts/{rollout_id}/end", json=body)
+
+    def status(self) -> dict:
+        return self._req("GET", "/admin/status")
+
+    def register_policy_version(self, id: str, model_name: str, *, activate: bool = True, **fields) -> dict:
+        return self._req("POST", "/admin/policy_versions", json={"id": id, "model_name": model_name,
+                                                                  "activate": activate, **fields})
+
+    def models(self) -> list[str]:
+        r = self._http.get("/v1/models")
+        return [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class EmbeddedProxy:
+    """A recording proxy served by uvicorn in a thread, on a free loopback port and on a Unix socket."""
+
+    def __init__(self, upstream_url: str, *, store, settings, socket_path: Path, dialect: str = "vllm",
+                 policy_version: str | None = None, upstream_api_key: str | None = None):
+        import uvicorn
+
+        from proxy import build_proxy
+
+        self.proxy = build_proxy(upstream_url, settings=settings, store=store, dialect=dialect,
+                                 policy_version=policy_version, upstream_api_key=upstream_api_key)
+        tcp = socket.socket()
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind(("127.0.0.1", 0))
+        self.socket_path = Path(socket_path)
+        self.socket_path.unlink(missing_ok=True)
+        uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        uds.bind(str(self.socket_path))
+        os.chmod(self.socket_path, 0o666)
+        self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
+        self.admin_token = self.proxy.admin_token
+        self.server = uvicorn.Server(uvicorn.Config(self.proxy.app, log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [tcp, uds]}, daemon=True,
+                                       name="embedded-proxy")
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise ProxyUnavailable("the embedded proxy did not start (see the log above)")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.socket_path.unlink(missing_ok=True)
+
+
+class SocketRelay:
+    """Listen on a Unix socket and forward each connection to ``host:port`` (an external proxy)."""
+
+    def __init__(self, socket_path: Path, host: str, port: int):
+        self.socket_path, self.host, self.port = Path(socket_path), host, port
+        self.socket_path.unlink(missing_ok=True)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="socket-relay")
+        self.thread.start()
+        if not self._ready.wait(10):
+            raise ProxyUnavailable(f"could not listen on {self.socket_path}")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def pump(reader, writer):
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader, writer):
+            try:
+                up_r, up_w = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+
+        async def main():
+            self._server = await asyncio.start_unix_server(handle, str(self.socket_path))
+            os.chmod(self.socket_path, 0o666)
+            self._ready.set()
+            await self._server.serve_forever()
+
+        try:
+            self._loop.run_until_complete(main())
+        except asyncio.CancelledError:
+            pass
+
+    def stop(self) -> None:
+        def _close():
+            self._server.close()
+            for task in asyncio.all_tasks(self._loop):
+                task.cancel()
+        self._loop.call_soon_threadsafe(_close)
+        self.thread.join(5)
+        self.socket_path.unlink(missing_ok=True)

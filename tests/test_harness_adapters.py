@@ -1,0 +1,53 @@
+"""One end-to-end rollout per harness adapter: the real harness, unmodified, in a bubblewrap sandbox, on an example
+task, against the scripted upstream through the embedded proxy; the rollout, its calls and its reward are in the
+store. The scripted model makes the harness run the task's reference solution with its own shell tool, then stop."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from proxy.testing.script import Text, ToolCall, ToolCalls
+from rollout.harnesses import get_harness
+from rollout.task import load_task
+from tests.rollout_fixtures import EXAMPLES
+
+TASK = "files-config-to-json"
+SURFACE = {"react": "chat.completions", "mini-swe-agent": "chat.completions", "codex": "responses", "claude-code": "messages"}
+
+
+def _plan(name: str, solve: str) -> list:
+    if name == "codex":
+        return [ToolCalls([ToolCall("exec_command", {"cmd": solve})]), Text("Done.")]
+    if name == "claude-code":
+        return [ToolCalls([ToolCall("Bash", {"command": solve, "description": "write config.json"})]), Text("Done.")]
+    if name == "mini-swe-agent":   # mini runs actions with /bin/sh (dash): hand the bash script to bash
+        script = f"bash <<'OPENFORGE_SOLVE'\n{solve}\nOPENFORGE_SOLVE"
+        return [ToolCalls([ToolCall("bash", {"command": script})]),
+                ToolCalls([ToolCall("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})])]
+    return [ToolCalls([ToolCall("bash", {"command": solve})]), Text("Done.")]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["react", "mini-swe-agent", "codex", "claude-code"])
+def test_adapter_end_to_end(forge, name):
+    harness = get_harness(name)
+    if not harness.is_installed():
+        msg = f"{name} is not installed: {harness.install_hint()}"
+        pytest.fail(msg) if os.environ.get("CI") else pytest.skip(msg)
+    task = load_task(EXAMPLES / TASK)
+    forge.up.double.max_model_len = 262_144          # harness system prompts are long
+    forge.up.double.script.extend(_plan(name, (task.path / "solution" / "solve.sh").read_text()))
+    summary = forge.run([task], harness, agent_timeout_s=180)
+    (res,) = summary.results
+    assert res.outcome == "success" and res.reward == 1.0, (res.outcome, res.detail[-3000:])
+    s = forge.store
+    ro = s.rollout(res.rollout_id)
+    assert ro.harness_id.startswith(f"{name}@") and "unknown" not in ro.harness_id
+    calls = s.calls(ro.id)
+    assert len(calls) >= 2, [c.response for c in calls]
+    assert all(c.api_surface == SURFACE[name] and c.token_exact and c.error_class is None for c in calls)
+    asked = next(c for c in calls if c.finish_reason == "tool_calls")
+    assert asked.response["tool_calls"], asked.response
+    assert [r.value for r in s.rewards(ro.id)] == [1.0]

@@ -1,0 +1,205 @@
+"""The orchestrator with real bubblewrap sandboxes, the embedded proxy and the scripted upstream: every outcome of
+the taxonomy, groups sharing a policy version, retries, backpressure, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from forge_store import RolloutFilter
+from proxy.testing.script import Delay, Text, ToolCall, ToolCalls
+from rollout.task import load_task, load_tasks
+from tests.rollout_fixtures import ANSWER_TEST, EXAMPLES, CommandHarness, write_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rollouts(store):
+    return sorted(store.iter_rollouts(RolloutFilter()), key=lambda r: r.started_at)
+
+
+def _answer_task(shared_tmp, name="answer", toml=""):
+    return load_task(write_task(shared_tmp / "tasks", name, test_sh=ANSWER_TEST, toml=toml,
+                                instruction="Write 42 into answer.txt.", solve_sh="echo 42 > answer.txt"))
+
+
+def test_react_success_recorded_token_exact(forge):
+    task = load_task(EXAMPLES / "files-config-to-json")
+    solve = (task.path / "solution" / "solve.sh").read_text()
+    forge.up.double.script.extend([ToolCalls([ToolCall("bash", {"command": solve})]), Text("Done: config.json written.")])
+    summary = forge.run([task], "react")
+    (res,) = summary.results
+    assert res.outcome == "success" and res.reward == 1.0, res
+    s = forge.store
+    (ro,) = _rollouts(s)
+    assert ro.outcome == "success" and ro.harness_id.startswith("react@") and ro.backend == "local"
+    calls = s.calls(ro.id)
+    assert len(calls) == 2 and all(c.token_exact and c.completion_token_ids for c in calls)
+    tool_msgs = [m for m in calls[1].messages if m.get("role") == "tool"]
+    assert tool_msgs and "exit code: 0" in tool_msgs[0]["content"]
+    (reward,) = s.rewards(ro.id)
+    assert reward.value == 1.0 and reward.source == "verifier" and reward.evidence_blob
+    evidence = json.loads(s.get_blob(reward.evidence_blob))
+    assert evidence["source"] == "reward.json" and evidence["exit_code"] == 0
+    kinds = [e.kind for e in s.events(ro.id)]
+    assert kinds[:1] == ["sandbox.created"] and {"harness.exited", "verifier.finished", "sandbox.destroyed"} <= set(kinds)
+    assert forge.sandboxes() == []
+
+
+def test_failure_is_graded_with_the_verifier_reward(forge, shared_tmp):
+    task = _answer_task(shared_tmp)
+    summary = forge.run([task], "react")   # the double's default answer echoes the instruction: no tool call
+    (res,) = summary.results
+    assert res.outcome == "failure" and res.reward == 0.0
+    (ro,) = _rollouts(forge.store)
+    assert [r.value for r in forge.store.rewards(ro.id)] == [0.0]
+
+
+def test_harness_past_its_deadline_is_a_policy_timeout(forge, shared_tmp):
+    task = _answer_task(shared_tmp)
+    t0 = time.monotonic()
+    summary = forge.run([task], CommandHarness("bash", "-c", "echo 42 > answer.txt; sleep 60"), agent_timeout_s=1.0)
+    assert time.monotonic() - t0 < 20
+    (res,) = summary.results
+    assert res.outcome == "policy_timeout" and res.reward == 0.0
+    (rw,) = forge.store.rewards(res.rollout_id)
+    assert rw.value == 0.0 and rw.detail["forced_by"] == "policy_timeout" and rw.detail["verifier_reward"] == 1.0
+    ev = next(e for e in forge.store.events(res.rollout_id) if e.kind == "harness.exited")
+    assert ev.detail["timed_out"] is True
+
+
+def test_harness_crash_is_a_harness_error(forge, shared_tmp):
+    task = _answer_task(shared_tmp)
+    summary = forge.run([task], CommandHarness("bash", "-c", "echo boom >&2; exit 3"))
+    (res,) = summary.results
+    assert res.outcome == "harness_error" and res.reward == 0.0 and "exit 3" in res.detail
+
+
+def test_verifier_crash_is_an_infra_error_retried_and_never_a_reward(forge, shared_tmp):
+    task = load_task(write_task(shared_tmp / "tasks", "broken-verifier", test_sh="echo oops >&2; exit 2"))
+    summary = forge.run([task], CommandHarness("true"), max_infra_retries=1)
+    assert [r.outcome for r in summary.results] == ["infra_error", "infra_error"]
+    first, second = _rollouts(forge.store)
+    assert second.retry_of == first.id and second.attempt == 2
+    for ro in (first, second):
+        assert ro.outcome == "infra_error" and forge.store.rewards(ro.id) == []
+    excl = forge.store.lineage("exclusions")
+    assert sorted(e["rollout_id"] for e in excl) == sorted([first.id, second.id])
+    assert all(e["reason"] == "infra_error" and e["detail"]["kind"] == "verifier_crashed" for e in excl)
+
+
+def test_unreachable_model_is_an_infra_error(forge, shared_tmp):
+    forge.up.double.set_down(503)
+    summary = forge.run([_answer_task(shared_tmp)], "react", max_infra_retries=0)
+    (res,) = summary.results
+    assert res.outcome == "infra_error" and res.infra_kind == "model_unreachable", res
+
+
+def test_group_shares_one_policy_version(forge, shared_tmp):
+    forge.admin.register_policy_version("v1", "mock-model", activate=True)
+    summary = forge.run([_answer_task(shared_tmp)], "react", group_size=3, concurrency=3)
+    assert summary.groups_complete == 1 and len(summary.results) == 3
+    ros = _rollouts(forge.store)
+    assert len({r.group_id for r in ros}) == 1 and {r.policy_version_id for r in ros} == {"v1"}
+    for ro in ros:
+        assert {c.policy_version_id for c in forge.store.calls(ro.id)} == {"v1"}
+
+
+def test_policy_change_mid_group_supersedes_the_group(forge, shared_tmp):
+    forge.admin.register_policy_version("v1", "mock-model", activate=True)
+    task = _answer_task(shared_tmp)
+    flip = threading.Timer(0.8, lambda: forge.admin.register_policy_version("v2", "mock-model", activate=True))
+    flip.start()
+    summary = forge.run([task], CommandHarness("bash", "-c", "sleep 1.5; echo 42 > answer.txt"), group_size=2,
+                        concurrency=1)
+    flip.join()
+    assert summary.superseded_groups == 1
+    ros = _rollouts(forge.store)
+    assert [r.policy_version_id for r in ros] == ["v1", "v2", "v2"]
+    assert len({r.group_id for r in ros[1:]}) == 1 and ros[0].group_id != ros[1].group_id
+    with forge.store.engine.connect() as conn:
+        kinds = [k for (k,) in conn.execute(sa.text("select kind from events where rollout_id is null"))]
+    assert "group.superseded" in kinds
+
+
+def test_backpressure_holds_new_rollouts_while_the_proxy_is_paused(forge, shared_tmp):
+    task = _answer_task(shared_tmp)
+    forge.admin._req("POST", "/admin/pause", json={"drain": False})
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("s", forge.run([task], CommandHarness("true"))))
+    t.start()
+    time.sleep(1.5)
+    assert forge.store.flush(10) and _rollouts(forge.store) == []
+    forge.admin._req("POST", "/admin/resume")
+    t.join(60)
+    assert out["s"].results[0].outcome == "failure"
+
+
+def test_oracle_solves_every_example_task_in_the_sandbox(forge):
+    tasks = load_tasks(EXAMPLES)
+    summary = forge.run(tasks, "oracle", concurrency=2)
+    bad = [(r.task_id, r.outcome, r.detail[-300:]) for r in summary.results if r.outcome != "success"]
+    assert not bad and len(summary.results) == len(tasks) >= 12
+
+
+def _cli(args, env, **kw):
+    return subprocess.Popen([str(Path(sys.executable).parent / "openforge"), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def _env(shared_tmp, **extra):
+    return {**os.environ, "OPENFORGE_HOME": str(shared_tmp / "cli-home"),
+            "OPENFORGE_SANDBOX_DIR": str(shared_tmp / "cli-sandboxes"), "COLUMNS": "200", **extra}
+
+
+def test_ctrl_c_cancels_rollouts_and_leaves_nothing_behind(up, shared_tmp):
+    task = write_task(shared_tmp / "tasks", "slow", test_sh=ANSWER_TEST)
+    up.double.script.extend([Delay(60, then=Text("late"), times=None)])
+    p = _cli(["run", str(task), "--harness", "react", "--group-size", "2", "--concurrency", "2",
+              "--upstream", up.url, "--model", "mock-model"], _env(shared_tmp))
+    deadline = time.monotonic() + 60
+    while len(up.double.requests) < 2:
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err.decode()[-2000:]
+    sandboxes = shared_tmp / "cli-sandboxes"
+    assert [d for d in sandboxes.iterdir() if d.is_dir()] == []
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(sandboxes) not in ps
+    from forge_store import open_store
+    store = open_store(f"sqlite:///{shared_tmp / 'cli-home' / 'store.sqlite'}")
+    try:
+        assert [r.outcome for r in store.iter_rollouts(RolloutFilter())] == ["cancelled", "cancelled"]
+    finally:
+        store.close()
+
+
+def test_cli_errors_say_what_to_do(up, shared_tmp):
+    task = write_task(shared_tmp / "tasks", "t", test_sh=ANSWER_TEST)
+    env = _env(shared_tmp, OPENFORGE_CACHE_DIR=str(shared_tmp / "empty-cache"))
+    cases = [
+        (["--harness", "codex"], "make harnesses"),
+        (["--harness", "nope"], "known harnesses are react, oracle, mini-swe-agent, codex, claude-code"),
+        (["--harness", "react", "--group-size", "0"], "--group-size 0"),
+        (["--harness", "react", "--backend", "docker"], "known backends are local, kubernetes"),
+    ]
+    for extra, expect in cases:
+        p = _cli(["run", str(task), "--upstream", up.url, "--model", "m", *extra], env)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and expect in " ".join(err.decode().split()), (extra, err.decode())
+    bad = write_task(shared_tmp / "tasks", "bad", test_sh="x", toml="[agent]\ntimeout = 5\n")
+    p = _cli(["run", str(bad), "--harness", "react", "--upstream", up.url], env)
+    _, err = p.communicate(timeout=60)
+    text = " ".join(err.decode().split())
+    assert p.returncode == 2 and "task.toml" in text and "agent.timeout" in text, text

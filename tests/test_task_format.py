@@ -1,0 +1,99 @@
+"""The task format: good folders load; every malformed one is an error that names the file and the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout.task import TaskError, load_task, load_tasks
+
+
+def _task(tmp_path, name="t1", toml="", instruction="Do it.", test_sh="echo 1 > $OPENFORGE_REWARD_DIR/reward.txt"):
+    d = tmp_path / name
+    (d / "tests").mkdir(parents=True)
+    (d / "task.toml").write_text(toml)
+    if instruction is not None:
+        (d / "instruction.md").write_text(instruction)
+    if test_sh is not None:
+        (d / "tests" / "test.sh").write_text(test_sh)
+    return d
+
+
+def test_defaults_and_harbor_sections_load(tmp_path):
+    d = _task(tmp_path, toml="""
+version = "1.0"
+[metadata]
+author_name = "x"
+difficulty = "easy"
+category = "files"
+[verifier]
+timeout_sec = 30.0
+[agent]
+timeout_sec = 90
+[environment]
+docker_image = "python:3.11-slim"
+memory_mb = 512
+[[environment.services]]
+name = "api"
+command = "python3 /environment/api.py"
+port = 8025
+[task]
+required_tools = ["bash"]
+reference_steps = 3
+""")
+    t = load_task(d)
+    assert (t.id, t.domain, t.agent_timeout_s, t.verifier_timeout_s) == ("t1", "files", 90, 30)
+    assert t.config.environment.services[0].command == ["/bin/sh", "-c", "python3 /environment/api.py"]
+    meta = t.store_metadata()
+    assert meta["required_tools"] == ["bash"] and meta["reference_steps"] == 3
+    assert len(t.verifier_hash) == 64 and len(t.instruction_hash) == 64
+
+
+@pytest.mark.parametrize("toml, field", [
+    ("[agent]\ntimeout_secs = 3\n", "agent.timeout_secs"),
+    ("[agent]\ntimeout_sec = -1\n", "agent.timeout_sec"),
+    ("[environment]\nmemory_mb = 'lots'\n", "environment.memory_mb"),
+    ("[environment]\nworkdir = 'relative/dir'\n", "environment.workdir"),
+    ("[task]\nreference_steps = 0\n", "task.reference_steps"),
+    ("[task]\nid = 'has space'\n", "task.id"),
+    ("[[environment.services]]\nname = 'x'\n", "environment.services.0.command"),
+    ("surprise = 1\n", "surprise"),
+])
+def test_bad_fields_name_file_and_field(tmp_path, toml, field):
+    d = _task(tmp_path, toml=toml)
+    with pytest.raises(TaskError) as e:
+        load_task(d)
+    msg = str(e.value)
+    assert str(d / "task.toml") in msg and f"`{field}`" in msg, msg
+
+
+def test_bad_toml_syntax(tmp_path):
+    d = _task(tmp_path, toml="[agent\ntimeout_sec = 3")
+    with pytest.raises(TaskError, match=r"task.toml: not valid TOML .*line 1"):
+        load_task(d)
+
+
+@pytest.mark.parametrize("missing, expect", [
+    ("instruction", "instruction.md: missing"), ("test", "test.sh: missing"), ("toml", "task.toml: missing")])
+def test_missing_files(tmp_path, missing, expect):
+    d = _task(tmp_path, instruction=None if missing == "instruction" else "x",
+              test_sh=None if missing == "test" else "x")
+    if missing == "toml":
+        (d / "task.toml").unlink()
+    with pytest.raises(TaskError, match=expect):
+        load_task(d)
+
+
+def test_empty_instruction(tmp_path):
+    with pytest.raises(TaskError, match="instruction.md: empty"):
+        load_task(_task(tmp_path, instruction="  \n"))
+
+
+def test_task_set_rules(tmp_path):
+    _task(tmp_path, "a", toml="[task]\nid = 'same'\n")
+    _task(tmp_path, "b", toml="[task]\nid = 'same'\n")
+    with pytest.raises(TaskError, match="task id 'same' is also used by"):
+        load_tasks(tmp_path)
+    with pytest.raises(TaskError, match="no task folders inside"):
+        load_tasks(tmp_path / "a" / "tests")
+    with pytest.raises(TaskError, match="no such folder"):
+        load_tasks(tmp_path / "nope")
