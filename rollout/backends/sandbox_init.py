@@ -13,8 +13,6 @@ It does two jobs:
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import base64
 import json
 import os
@@ -26,43 +24,53 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 TAIL_BYTES = 256 * 1024
 
 
 def _relay_thread(port: int, socket_path: str) -> threading.Thread:
-    async def pump(reader, writer):
+    """Accept on 127.0.0.1:port, relay each connection to the Unix socket (threads: asyncio costs ~70 ms to import)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
         try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
             pass
         finally:
-            try:
-                writer.close()
-            except OSError:
-                pass
+            for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+                try:
+                    s.shutdown(how)
+                except OSError:
+                    pass
 
-    async def handle(reader, writer):
+    def serve(conn: socket.socket) -> None:
+        up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            up_r, up_w = await asyncio.open_unix_connection(socket_path)
+            up.connect(socket_path)
         except OSError:
-            writer.close()
+            conn.close()
             return
-        await asyncio.gather(pump(reader, up_w), pump(up_r, writer))
+        back = threading.Thread(target=pump, args=(up, conn), daemon=True)
+        back.start()
+        pump(conn, up)
+        back.join()
+        conn.close()
+        up.close()
 
-    async def main(ready: threading.Event):
-        server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
-        ready.set()
-        async with server:
-            await server.serve_forever()
+    def accept() -> None:
+        while True:
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
-    ready = threading.Event()
-    t = threading.Thread(target=lambda: asyncio.run(main(ready)), daemon=True, name="bridge")
+    t = threading.Thread(target=accept, daemon=True, name="bridge")
     t.start()
-    if not ready.wait(10):
-        raise RuntimeError(f"bridge could not listen on 127.0.0.1:{port}")
     return t
 
 
@@ -243,12 +251,11 @@ def _b64(data: bytes) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ctl-fd", type=int, required=True)
-    ap.add_argument("--bridge-port", type=int, default=0)
-    ap.add_argument("--bridge-socket", default="")
-    ap.add_argument("--fsize-mb", type=int, default=0)
-    args = ap.parse_args(argv)
+    # --ctl-fd N [--bridge-port P --bridge-socket PATH] [--fsize-mb M]; no argparse (it costs ~10 ms to import)
+    argv = sys.argv[1:] if argv is None else argv
+    opts = dict(zip(argv[::2], argv[1::2]))
+    args = types.SimpleNamespace(ctl_fd=int(opts["--ctl-fd"]), bridge_port=int(opts.get("--bridge-port", 0)),
+                         bridge_socket=opts.get("--bridge-socket", ""), fsize_mb=int(opts.get("--fsize-mb", 0)))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if args.fsize_mb:
         limit = args.fsize_mb * 1024 * 1024
