@@ -111,8 +111,8 @@ class RolloutRunner:
             harness_mounts = (Mount(task.solution_dir, "/solution"),)
         harness = Phase("harness", launch.argv, env=dict(launch.env), timeout_s=timeout, files=launch.files,
                         mounts=harness_mounts)
-        services = [Phase(f"service:{s.name}", tuple(s.command), timeout_s=s.ready_timeout_sec, background=True,
-                          ready_port=s.port) for s in env.services]
+        services = [Phase(f"service:{s.name}", tuple(s.command), env=dict(s.env), timeout_s=s.ready_timeout_sec,
+                          background=True, ready_port=s.port) for s in env.services]
         verifier = verifier_phase(task)
         spec = SandboxSpec(
             rollout_id=rid, run_id=req.run_id, group_id=req.group_id, task_id=task.id,
@@ -157,6 +157,13 @@ class RolloutRunner:
                 "log_blob": self._log_blob(hr)})
             if hx is not None and hx.kind == "infra":
                 res.infra_kind, res.detail = "model_unreachable", hx.detail[-2000:]
+                return res
+            dead = sorted(name for name, alive in hr.services.items() if not alive)
+            if dead:
+                # The harness shares the sandbox with the task's services; one that died during its turn is the
+                # harness's doing (graded as a failure), not an infrastructure error to retry.
+                res.outcome, res.reward = "harness_error", 0.0
+                res.detail = f"service(s) {', '.join(dead)} stopped during the harness phase"
                 return res
             vr = self.backend.run_phase(sandbox, verifier, cancel=self.cancel)
             if vr.cancelled:

@@ -42,11 +42,11 @@ class _Strict(BaseModel):
 
 
 class TaskSection(_Strict):
-    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    id: str | None = Field(default=None, pattern=_ID.pattern)
     domain: str | None = None
     required_tools: list[str] = []
     reference_steps: int | None = Field(default=None, ge=1)
-    pass_threshold: float = 1.0
+    pass_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
 class AgentSection(_Strict):
@@ -63,6 +63,7 @@ class Service(_Strict):
     command: list[str]
     port: int | None = Field(default=None, ge=1, le=65535)
     ready_timeout_sec: float = Field(default=10.0, gt=0)
+    env: dict[str, str] = {}
 
     @field_validator("command", mode="before")
     @classmethod
@@ -80,6 +81,16 @@ class EnvironmentSection(_Strict):
     allow_internet: bool = False
     workdir: str = "/workspace"
     services: list[Service] = []
+
+    @field_validator("services")
+    @classmethod
+    def _distinct(cls, v: list[Service]) -> list[Service]:
+        for key in ("name", "port"):
+            values = [getattr(s, key) for s in v if getattr(s, key) is not None]
+            dup = sorted({x for x in values if values.count(x) > 1})
+            if dup:
+                raise ValueError(f"two services share the {key} {dup[0]!r}; each service needs its own {key}")
+        return v
 
     @field_validator("workdir")
     @classmethod
@@ -195,7 +206,11 @@ def load_task(path: str | Path) -> Task:
     instruction_path = root / INSTRUCTION_FILE
     if not instruction_path.is_file():
         raise TaskError(f"{instruction_path}: missing; write the task's instruction for the harness there")
-    instruction = instruction_path.read_text(errors="strict").strip()
+    try:
+        instruction = instruction_path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"{instruction_path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") \
+            from None
     if not instruction:
         raise TaskError(f"{instruction_path}: empty; the harness needs an instruction")
     verifier = root.joinpath(*VERIFIER_ENTRY)
@@ -228,6 +243,10 @@ def load_tasks(path: str | Path) -> list[Task]:
         return [load_task(root)]
     if not root.is_dir():
         raise TaskError(f"{root}: no such folder; pass a task folder or a folder of task folders")
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and not (p / TASK_FILE).exists() and ((p / INSTRUCTION_FILE).exists() or (p / "tests").is_dir()):
+            raise TaskError(f"{p}: looks like a task (it has {INSTRUCTION_FILE} or tests/) but has no {TASK_FILE}; "
+                            f"add one (an empty file takes the defaults) or move the folder out of {root}")
     tasks = [load_task(p) for p in sorted(root.iterdir()) if p.is_dir() and (p / TASK_FILE).is_file()]
     if not tasks:
         raise TaskError(f"{root}: no task folders inside (none has a {TASK_FILE})")

@@ -203,3 +203,40 @@ def test_cli_errors_say_what_to_do(up, shared_tmp):
     _, err = p.communicate(timeout=60)
     text = " ".join(err.decode().split())
     assert p.returncode == 2 and "task.toml" in text and "agent.timeout" in text, text
+
+
+@pytest.mark.postgres
+def test_run_on_postgresql_with_a_config_file(up, shared_tmp, pg_database):
+    """The CLI's config-file form against the real PostgreSQL store: a group of the oracle on an example task."""
+    cfg = shared_tmp / "run.toml"
+    cfg.write_text(f'tasks = "{EXAMPLES / "finance-category-totals"}"\nharness = "oracle"\ngroup_size = 2\n'
+                   f'concurrency = 2\nupstream = "{up.url}"\nmodel = "mock-model"\nstore = "{pg_database}"\n')
+    p = _cli(["run", "--config", str(cfg), "--json"], _env(shared_tmp))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()[-3000:]
+    doc = json.loads(out.decode().strip().splitlines()[-1])
+    assert doc["outcomes"] == {"success": 2} and doc["groups_complete"] == 1
+    from forge_store import open_store
+    store = open_store(pg_database)
+    try:
+        ros = list(store.iter_rollouts(RolloutFilter(run_id=doc["run_id"])))
+        assert len(ros) == 2 and all(r.outcome == "success" and store.rewards(r.id)[0].value == 1.0 for r in ros)
+        (task,) = [t for t in store.lineage("tasks") if t["id"] == "finance-category-totals"]
+        assert task["metadata"]["reference_steps"] and task["domain"] == "csv-finance"
+    finally:
+        store.close()
+    bad = shared_tmp / "bad.toml"
+    bad.write_text('harness = "oracle"\ngroup_sise = 2\n')
+    p = _cli(["run", "--config", str(bad)], _env(shared_tmp))
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "group_sise" in err.decode()
+
+
+def test_a_harness_that_kills_a_task_service_fails_instead_of_getting_a_retry(forge, shared_tmp):
+    d = write_task(shared_tmp / "tasks", "svc", test_sh=ANSWER_TEST, toml=(
+        "[[environment.services]]\nname = 'api'\nport = 8931\n"
+        "command = ['python3', '-m', 'http.server', '8931', '--bind', '127.0.0.1']\n"))
+    summary = forge.run([load_task(d)], CommandHarness("bash", "-c", "pkill -f http.server; echo 42 > answer.txt"),
+                        max_infra_retries=2)
+    (res,) = summary.results
+    assert res.outcome == "harness_error" and res.reward == 0.0 and "api" in res.detail, res

@@ -97,3 +97,25 @@ def test_task_set_rules(tmp_path):
         load_tasks(tmp_path / "a" / "tests")
     with pytest.raises(TaskError, match="no such folder"):
         load_tasks(tmp_path / "nope")
+
+
+def test_more_rules(tmp_path):
+    d = _task(tmp_path, "svc", toml="[[environment.services]]\nname='a'\ncommand=['x']\nport=1\n"
+                                     "[[environment.services]]\nname='b'\ncommand=['y']\nport=1\n")
+    with pytest.raises(TaskError, match="two services share the port 1"):
+        load_task(d)
+    d = _task(tmp_path, "thr", toml="[task]\npass_threshold = 1.5\n")
+    with pytest.raises(TaskError, match="task.pass_threshold"):
+        load_task(d)
+    d = _task(tmp_path, "enc")
+    (d / "instruction.md").write_bytes(b"caf\xe9")
+    with pytest.raises(TaskError, match="not UTF-8"):
+        load_task(d)
+
+
+def test_a_task_folder_without_task_toml_is_not_skipped_silently(tmp_path):
+    _task(tmp_path, "ok")
+    typo = _task(tmp_path, "typo")
+    (typo / "task.toml").rename(typo / "task.tml")
+    with pytest.raises(TaskError, match="looks like a task .* has no task.toml"):
+        load_tasks(tmp_path)

@@ -108,6 +108,7 @@ class PhaseResult:
     stdout: bytes = b""
     stderr: bytes = b""
     outputs: dict[str, bytes] = field(default_factory=dict)   # declared outputs that exist
+    services: dict[str, bool] = field(default_factory=dict)   # background phases still running when it ended
 
 
 @dataclass

@@ -121,7 +121,9 @@ class LocalBackend:
                 return PhaseResult(phase.name, None, cancelled=True, duration_s=time.monotonic() - t0)
             result = PhaseResult(phase.name, resp.get("exit_code"), timed_out=bool(resp.get("timed_out")),
                                  duration_s=resp.get("duration_s", time.monotonic() - t0),
-                                 stdout=_unb64(resp.get("stdout")), stderr=_unb64(resp.get("stderr")))
+                                 stdout=_unb64(resp.get("stdout")), stderr=_unb64(resp.get("stderr")),
+                                 services={k.removeprefix("service:"): v for k, v in
+                                           (resp.get("services") or {}).items()})
             for out in phase.outputs:
                 data = self._read(sandbox, out, cancel)
                 if data is not None:

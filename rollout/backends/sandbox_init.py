@@ -137,7 +137,9 @@ class Init:
         duration = time.monotonic() - t0
         _killpg(proc.pid)
         killed = self.kill_strays()
+        alive = {name: p.poll() is None for name, p in self.services.items()}
         return {"exit_code": code, "timed_out": timed_out, "duration_s": duration, "strays_killed": killed,
+                "services": alive,
                 "stdout": _b64(_tail(out)), "stderr": _b64(_tail(err))}
 
     def start(self, req: dict) -> dict:

@@ -51,18 +51,18 @@ class KubernetesBackend:
         sandbox = Sandbox(id=plan.pod, spec=spec, backend=self.name, created_at=time.time(), backend_state={
             "pod": plan.pod, "secret": plan.secret, "configmaps": list(plan.configmaps),
             "containers": plan.containers, "image_ref": image_ref, "image": image, "first_seen": {},
-            "killed": None, "slot": True})
+            "killed": None, "slot": True, "owned": []})
+        owned, core = sandbox.backend_state["owned"], self.api.core
         try:
-            ns = self.cfg.namespace
-            self._create("secrets", self.api.core.create_namespaced_secret, self.api.core.read_namespaced_secret,
-                         secret, spec)
+            self._create("secrets", core.create_namespaced_secret, core.read_namespaced_secret, secret, spec)
+            owned.append(("secrets", plan.secret))
             for cm in configmaps:
-                self._create("configmaps", self.api.core.create_namespaced_config_map,
-                             self.api.core.read_namespaced_config_map, cm, spec)
-            created = self._create("pods", self.api.core.create_namespaced_pod, self.api.core.read_namespaced_pod,
-                                   pod, spec)
+                self._create("configmaps", core.create_namespaced_config_map, core.read_namespaced_config_map, cm,
+                             spec)
+                owned.append(("configmaps", cm["metadata"]["name"]))
+            created = self._create("pods", core.create_namespaced_pod, core.read_namespaced_pod, pod, spec)
+            owned.insert(0, ("pods", plan.pod))
             self.watcher.track(plan.pod, created)
-            del ns
         except BaseException:
             self.destroy(sandbox)
             raise
@@ -232,13 +232,15 @@ class KubernetesBackend:
             raise
 
     def destroy(self, sandbox: Sandbox) -> None:
+        """Delete what this backend created for the sandbox (never an object a 409 showed to be someone else's;
+        a POST that landed but never answered is left to ``reap``)."""
         st = sandbox.backend_state
         core = self.api.core
+        deleters = {"pods": core.delete_namespaced_pod, "secrets": core.delete_namespaced_secret,
+                    "configmaps": core.delete_namespaced_config_map}
         try:
-            self._delete("pods", core.delete_namespaced_pod, st["pod"])
-            self._delete("secrets", core.delete_namespaced_secret, st["secret"])
-            for cm in st["configmaps"]:
-                self._delete("configmaps", core.delete_namespaced_config_map, cm)
+            for resource, name in st["owned"]:
+                self._delete(resource, deleters[resource], name)
         finally:
             self.watcher.forget(st["pod"])
             if st.pop("slot", False):

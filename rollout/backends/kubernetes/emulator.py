@@ -16,6 +16,7 @@ import datetime
 import json
 import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 import aiohttp.web
@@ -39,28 +40,6 @@ class Fault:
     hits: int = 0
 
 
-class _Fanout:
-    """Stands in for kmock 0.8's per-resource ``aiobus.Bus``, which in our runs delivered a watch's initial objects
-    but no later event; every watcher gets its own queue."""
-
-    def __init__(self):
-        self._queues: set[asyncio.Queue] = set()
-
-    async def put(self, *items) -> None:
-        for q in self._queues:
-            for item in items:
-                q.put_nowait(item)
-
-    async def __aiter__(self):
-        q: asyncio.Queue = asyncio.Queue()
-        self._queues.add(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._queues.discard(q)
-
-
 @attrs.define(kw_only=True)
 class _Handler(kmock.KubernetesEmulator):
     faults: list = attrs.field(factory=list)
@@ -80,6 +59,11 @@ class _Handler(kmock.KubernetesEmulator):
                 body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": fault.status,
                         "reason": "Injected", "message": f"injected HTTP {fault.status}"}
                 return aiohttp.web.json_response(body, status=fault.status, headers=fault.headers)
+        if request.action is not None and request.action.name == "CREATE" and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})      # what a real API server fills in
+            meta.setdefault("namespace", request.namespace)
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
         if request.subresource == "log":
             text = self.pod_logs.get((request.name, request.params.get("container")), "")
             limit = int(request.params.get("limitBytes") or 0)
@@ -101,7 +85,7 @@ class Emulator:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with _Handler(buses=collections.defaultdict(_Fanout)) as handler, kmock.Server(handler) as server:
+        async with _Handler() as handler, kmock.Server(handler) as server:
             for r in RESOURCES:
                 handler.resources[r] = {}
             self.handler, self.url = handler, str(server.url).rstrip("/")
@@ -202,8 +186,8 @@ class FakeKubelet:
 
     # --- kubelet
     def pull_error(self, name: str, container: str, reason: str = "ImagePullBackOff") -> None:
-        self._container(name, container, {"waiting": {"reason": reason, "message": "manifest unknown"}})
         self.event(name, "Failed", f"Failed to pull image: {reason}", "Warning")
+        self._container(name, container, {"waiting": {"reason": reason, "message": "manifest unknown"}})
 
     def start(self, name: str, container: str, *, started_at: str | None = None, phase: str = "Pending",
               digest: str = "sha256:" + "ab" * 32) -> None:
@@ -227,5 +211,14 @@ class FakeKubelet:
                         phase=phase, started=False)
 
     def fail_pod(self, name: str, reason: str, msg: str) -> None:
-        self._write(name, {"phase": "Failed", "reason": reason, "message": msg})
+        """Pod-level failure as the kubelet reports it: phase Failed, the reason, and every running container
+        killed (exit 137), all in one status write."""
+        pod = self.pod(name)
+        init, main = self._statuses(pod)
+        for cs in init + main:
+            if "running" in (cs.get("state") or {}):
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": _now(),
+                                              "finishedAt": _now()}}
+        self._write(name, {"phase": "Failed", "reason": reason, "message": msg, "initContainerStatuses": init,
+                           "containerStatuses": main})
         self.event(name, reason, msg, "Warning")

@@ -195,7 +195,9 @@ def build(spec: SandboxSpec, cfg: KubernetesConfig, image: str) -> tuple[dict, d
         containers[phase.name] = (cname, kind)
         env = list(env_common)
         for k, v in phase.env.items():
-            if token and token in v:
+            if token and v == token:
+                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": TOKEN_KEY}}})
+            elif token and token in v:
                 key = f"env-{i}-{re.sub(r'[^A-Za-z0-9._-]', '_', k)}"
                 secret_data[key] = base64.b64encode(v.encode()).decode()
                 env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": key}}})

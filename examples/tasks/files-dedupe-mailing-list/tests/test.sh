@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Verifier for files-dedupe-mailing-list: subscribers_clean.txt: valid, lower-case, first-seen order, no duplicates, no unsubscribed
+# Writes ${OPENFORGE_REWARD_DIR:-/logs/verifier}/reward.json ({"reward", "checks", "guards", "details"}) and
+# reward.txt. Exits 0 whenever it scored; a non-zero exit means the verifier itself broke (an infra error).
+# Reward: 0 if any guard check fails (something was damaged), else the share of the other checks that pass;
+# 1.0 only when every check passes. Python 3.11 stdlib only.
+set -eu
+export OPENFORGE_WORKSPACE="${OPENFORGE_WORKSPACE:-/workspace}"
+export OPENFORGE_TESTS="${OPENFORGE_TESTS:-/tests}"
+export OPENFORGE_ENVIRONMENT="${OPENFORGE_ENVIRONMENT:-/environment}"
+export OPENFORGE_REWARD_DIR="${OPENFORGE_REWARD_DIR:-/logs/verifier}"
+export OPENFORGE_SERVICE_PORT="${OPENFORGE_SERVICE_PORT:-8931}"
+mkdir -p "$OPENFORGE_REWARD_DIR"
+rm -f "$OPENFORGE_REWARD_DIR/reward.json" "$OPENFORGE_REWARD_DIR/reward.txt"
+cd "$OPENFORGE_WORKSPACE"
+exec python3 - <<'PY'
+import csv
+import hashlib
+import json
+import os
+import sys
+from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
+from pathlib import Path
+
+WS = Path(os.environ["OPENFORGE_WORKSPACE"])
+TESTS = Path(os.environ["OPENFORGE_TESTS"])
+ENV_DIR = Path(os.environ["OPENFORGE_ENVIRONMENT"])
+REWARD_DIR = Path(os.environ["OPENFORGE_REWARD_DIR"])
+details = {}
+
+
+def finish(checks, guards=()):
+    failed_guards = [g for g in guards if not checks[g]]
+    scored = [k for k in checks if k not in guards]
+    if failed_guards:
+        reward = 0.0
+    else:
+        reward = sum(bool(checks[k]) for k in scored) / len(scored)
+    result = {"reward": round(reward, 4), "checks": {k: bool(v) for k, v in checks.items()},
+              "guards": list(guards), "details": details}
+    (REWARD_DIR / "reward.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    (REWARD_DIR / "reward.txt").write_text(f"{result['reward']}\n")
+    print(json.dumps(result, sort_keys=True, default=str))
+    sys.exit(0)
+
+
+def sha256(path):
+    """The file's sha256, or None when it is missing, not a regular file, or unreadable."""
+    p = Path(path)
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    except OSError:
+        return None
+
+
+def read_csv(path):
+    """(header, rows) with cells stripped and blank lines dropped; raises on a missing or unreadable file."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = [[c.strip() for c in r] for r in csv.reader(fh) if any(c.strip() for c in r)]
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    return rows[0], rows[1:]
+
+
+def dec(text):
+    """A number as the agent wrote it (plain, or with thousands separators); None if it is not a sane one."""
+    try:
+        d = Decimal(str(text).strip().replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return None
+    return d if d.is_finite() and abs(d) < Decimal("1e15") else None
+
+
+def cents(x):
+    return Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+ORIGINAL = {"subscribers.txt": "24f3304385125f8337774109bd43e71506c623ec70061286bac2d2c879dc6faa", "unsubscribed.txt": "f4b07b70eef922bc5f141cd35c2c6e28424d99803c7bec98270948273661619d"}
+EXPECTED = [
+    "anna.w@posteo.test",
+    "ben.w@mail.test",
+    "chloe.k@posteo.test",
+    "emma.w@shop.example.org",
+    "felix.k@example.com",
+    "gina.m@posteo.test",
+    "hugo.w@mail.test",
+    "iris.m@example.com",
+    "jonas.m@example.com",
+    "kara.k@mail.test",
+    "mona.s@posteo.test",
+    "nils.k@mail.test",
+    "olga.s@posteo.test",
+    "paul.m@example.com",
+    "rosa.w@shop.example.org",
+    "sven.w@example.com",
+    "tina.s@shop.example.org"
+]
+checks = {"inputs_unchanged": all(sha256(WS / k) == v for k, v in ORIGINAL.items())}
+try:
+    got = [l.strip() for l in (WS / "subscribers_clean.txt").read_text().splitlines() if l.strip()]
+except (OSError, UnicodeDecodeError) as exc:
+    got = None
+    details["subscribers_clean.txt"] = f"unreadable: {exc.__class__.__name__}"
+checks["output_exists"] = got is not None
+got = got or []
+unsubscribed = {l.strip().lower() for l in (TESTS / "unsubscribed.txt").read_text().splitlines() if l.strip()}
+checks["same_addresses"] = set(got) == set(EXPECTED)
+checks["no_duplicates"] = bool(got) and len(got) == len(set(x.lower() for x in got))
+checks["no_unsubscribed"] = bool(got) and not (set(x.lower() for x in got) & unsubscribed)
+checks["exact_order_and_case"] = got == EXPECTED
+if got != EXPECTED:
+    details["missing"] = sorted(set(EXPECTED) - set(got))
+    details["unexpected"] = sorted(set(got) - set(EXPECTED))
+finish(checks, guards=("inputs_unchanged",))
+PY

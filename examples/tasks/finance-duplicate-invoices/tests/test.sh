@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Verifier for finance-duplicate-invoices: duplicates.csv pairs every later duplicate with its first occurrence, no near misses
+# Writes ${OPENFORGE_REWARD_DIR:-/logs/verifier}/reward.json ({"reward", "checks", "guards", "details"}) and
+# reward.txt. Exits 0 whenever it scored; a non-zero exit means the verifier itself broke (an infra error).
+# Reward: 0 if any guard check fails (something was damaged), else the share of the other checks that pass;
+# 1.0 only when every check passes. Python 3.11 stdlib only.
+set -eu
+export OPENFORGE_WORKSPACE="${OPENFORGE_WORKSPACE:-/workspace}"
+export OPENFORGE_TESTS="${OPENFORGE_TESTS:-/tests}"
+export OPENFORGE_ENVIRONMENT="${OPENFORGE_ENVIRONMENT:-/environment}"
+export OPENFORGE_REWARD_DIR="${OPENFORGE_REWARD_DIR:-/logs/verifier}"
+export OPENFORGE_SERVICE_PORT="${OPENFORGE_SERVICE_PORT:-8931}"
+mkdir -p "$OPENFORGE_REWARD_DIR"
+rm -f "$OPENFORGE_REWARD_DIR/reward.json" "$OPENFORGE_REWARD_DIR/reward.txt"
+cd "$OPENFORGE_WORKSPACE"
+exec python3 - <<'PY'
+import csv
+import hashlib
+import json
+import os
+import sys
+from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
+from pathlib import Path
+
+WS = Path(os.environ["OPENFORGE_WORKSPACE"])
+TESTS = Path(os.environ["OPENFORGE_TESTS"])
+ENV_DIR = Path(os.environ["OPENFORGE_ENVIRONMENT"])
+REWARD_DIR = Path(os.environ["OPENFORGE_REWARD_DIR"])
+details = {}
+
+
+def finish(checks, guards=()):
+    failed_guards = [g for g in guards if not checks[g]]
+    scored = [k for k in checks if k not in guards]
+    if failed_guards:
+        reward = 0.0
+    else:
+        reward = sum(bool(checks[k]) for k in scored) / len(scored)
+    result = {"reward": round(reward, 4), "checks": {k: bool(v) for k, v in checks.items()},
+              "guards": list(guards), "details": details}
+    (REWARD_DIR / "reward.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    (REWARD_DIR / "reward.txt").write_text(f"{result['reward']}\n")
+    print(json.dumps(result, sort_keys=True, default=str))
+    sys.exit(0)
+
+
+def sha256(path):
+    """The file's sha256, or None when it is missing, not a regular file, or unreadable."""
+    p = Path(path)
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    except OSError:
+        return None
+
+
+def read_csv(path):
+    """(header, rows) with cells stripped and blank lines dropped; raises on a missing or unreadable file."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = [[c.strip() for c in r] for r in csv.reader(fh) if any(c.strip() for c in r)]
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    return rows[0], rows[1:]
+
+
+def dec(text):
+    """A number as the agent wrote it (plain, or with thousands separators); None if it is not a sane one."""
+    try:
+        d = Decimal(str(text).strip().replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return None
+    return d if d.is_finite() and abs(d) < Decimal("1e15") else None
+
+
+def cents(x):
+    return Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+def compare_rows(path, header, expected, numeric_cols, tol=Decimal("0.005")):
+    """Checks for one output CSV: header exact, same row keys, numbers within tol, same order."""
+    out = {"exists": False, "header": False, "rows": False, "order": False}
+    try:
+        got_header, got = read_csv(path)
+    except (OSError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        details[Path(path).name] = f"unreadable: {exc.__class__.__name__}: {exc}"
+        return out
+    out["exists"] = True
+    out["header"] = [h.lower() for h in got_header] == header
+    if not out["header"]:
+        details[Path(path).name + " header"] = {"expected": header, "got": got_header}
+        return out
+
+    def same(g, w):
+        if len(g) != len(w):
+            return False
+        for i, (a, b) in enumerate(zip(g, w)):
+            if i in numeric_cols:
+                da = dec(a)
+                if da is None or abs(da - Decimal(b)) > tol:
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    remaining = list(expected)
+    unmatched = []
+    for g in got:
+        hit = next((w for w in remaining if same(g, w)), None)
+        if hit is None:
+            unmatched.append(g)
+        else:
+            remaining.remove(hit)
+    out["rows"] = not remaining and not unmatched
+    out["order"] = out["rows"] and all(same(g, w) for g, w in zip(got, expected))
+    if not out["rows"]:
+        details[Path(path).name] = {"wrong_or_extra_rows": unmatched[:10], "missing_rows": remaining[:10]}
+    return out
+
+ORIGINAL = "cc290af0464c1e195c62e0fd5352bd78460982a25a454f9807733fd3adea16f0"
+EXPECTED = [["R112", "R110"], ["R115", "R101"], ["R123", "R104"], ["R131", "R117"], ["R135", "R117"]]
+checks = {"input_unchanged": sha256(WS / "invoices.csv") == ORIGINAL}
+res = compare_rows(WS / "duplicates.csv", ["duplicate_row_id", "original_row_id"], EXPECTED, numeric_cols=set())
+checks.update({"output_exists": res["exists"], "header": res["header"], "duplicates_exact": res["rows"],
+               "in_input_order": res["order"]})
+try:
+    _, got = read_csv(WS / "duplicates.csv")
+    found = {row[0] for row in got if row}
+except Exception:
+    found = set()
+want = {row[0] for row in EXPECTED}
+checks["all_duplicates_found"] = want <= found
+checks["no_false_positives"] = bool(found) and found <= want
+finish(checks, guards=("input_unchanged",))
+PY

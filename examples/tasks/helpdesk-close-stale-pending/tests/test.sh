@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Verifier for helpdesk-close-stale-pending: ticket-hygiene
+# Writes ${OPENFORGE_REWARD_DIR:-/logs/verifier}/reward.json ({"reward", "checks", "guards", "details"}) and
+# reward.txt. Exits 0 whenever it scored; a non-zero exit means the verifier itself broke (an infra error).
+# Reward: 0 if any guard check fails (something was damaged), else the share of the other checks that pass;
+# 1.0 only when every check passes. Python 3.11 stdlib only.
+set -eu
+export OPENFORGE_WORKSPACE="${OPENFORGE_WORKSPACE:-/workspace}"
+export OPENFORGE_TESTS="${OPENFORGE_TESTS:-/tests}"
+export OPENFORGE_ENVIRONMENT="${OPENFORGE_ENVIRONMENT:-/environment}"
+export OPENFORGE_REWARD_DIR="${OPENFORGE_REWARD_DIR:-/logs/verifier}"
+export OPENFORGE_SERVICE_PORT="${OPENFORGE_SERVICE_PORT:-8931}"
+mkdir -p "$OPENFORGE_REWARD_DIR"
+rm -f "$OPENFORGE_REWARD_DIR/reward.json" "$OPENFORGE_REWARD_DIR/reward.txt"
+cd "$OPENFORGE_WORKSPACE"
+exec python3 - <<'PY'
+import csv
+import hashlib
+import json
+import os
+import sys
+from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
+from pathlib import Path
+
+WS = Path(os.environ["OPENFORGE_WORKSPACE"])
+TESTS = Path(os.environ["OPENFORGE_TESTS"])
+ENV_DIR = Path(os.environ["OPENFORGE_ENVIRONMENT"])
+REWARD_DIR = Path(os.environ["OPENFORGE_REWARD_DIR"])
+details = {}
+
+
+def finish(checks, guards=()):
+    failed_guards = [g for g in guards if not checks[g]]
+    scored = [k for k in checks if k not in guards]
+    if failed_guards:
+        reward = 0.0
+    else:
+        reward = sum(bool(checks[k]) for k in scored) / len(scored)
+    result = {"reward": round(reward, 4), "checks": {k: bool(v) for k, v in checks.items()},
+              "guards": list(guards), "details": details}
+    (REWARD_DIR / "reward.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    (REWARD_DIR / "reward.txt").write_text(f"{result['reward']}\n")
+    print(json.dumps(result, sort_keys=True, default=str))
+    sys.exit(0)
+
+
+def sha256(path):
+    """The file's sha256, or None when it is missing, not a regular file, or unreadable."""
+    p = Path(path)
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    except OSError:
+        return None
+
+
+def read_csv(path):
+    """(header, rows) with cells stripped and blank lines dropped; raises on a missing or unreadable file."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = [[c.strip() for c in r] for r in csv.reader(fh) if any(c.strip() for c in r)]
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    return rows[0], rows[1:]
+
+
+def dec(text):
+    """A number as the agent wrote it (plain, or with thousands separators); None if it is not a sane one."""
+    try:
+        d = Decimal(str(text).strip().replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return None
+    return d if d.is_finite() and abs(d) < Decimal("1e15") else None
+
+
+def cents(x):
+    return Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+
+import urllib.error
+import urllib.request
+
+API = f"http://127.0.0.1:{os.environ['OPENFORGE_SERVICE_PORT']}"
+
+
+def api_get(path):
+    with urllib.request.urlopen(API + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def service_state():
+    """The service's state; an unreachable service is an infra error (exit non-zero), never a zero reward."""
+    try:
+        return api_get("/_state")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"helpdesk service unreachable at {API}: {exc}", file=sys.stderr)
+        sys.exit(3)
+
+
+SEED = json.loads((ENV_DIR / "helpdesk_data.json").read_text())
+seed_tickets = {t["id"]: t for t in SEED["tickets"]}
+state = service_state()
+tickets = {t["id"]: t for t in state["tickets"]}
+
+
+def new_comments(tid):
+    return tickets[tid]["comments"][len(seed_tickets[tid]["comments"]):]
+
+
+def unchanged(tid):
+    a, b = seed_tickets[tid], tickets.get(tid, {})
+    return all(a[k] == b.get(k) for k in ("status", "priority", "assignee", "tags")) and not new_comments(tid)
+
+
+from datetime import datetime, timedelta
+
+
+def ts(text):
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+
+
+now = ts(SEED["now"])
+stale = sorted(t["id"] for t in SEED["tickets"] if t["status"] == "pending" and "vip" not in t["tags"]
+               and ts(t["updated_at"]) < now - timedelta(days=7))
+others = sorted(set(seed_tickets) - set(stale))
+details["expected_closed"] = stale
+not_closed = [i for i in stale if tickets[i]["status"] != "closed"]
+no_comment = [i for i in stale if not any(c.get("public") and "closed due to inactivity" in c["body"].lower()
+                                          for c in new_comments(i))]
+changed = [i for i in others if not unchanged(i)]
+extra_changes = [i for i in stale if tickets[i]["priority"] != seed_tickets[i]["priority"]
+                 or tickets[i]["assignee"] != seed_tickets[i]["assignee"] or tickets[i]["tags"] != seed_tickets[i]["tags"]]
+details.update(not_closed=not_closed, missing_comment=no_comment, other_tickets_changed=changed)
+finish({
+    "stale_tickets_closed": not not_closed,
+    "inactivity_comment_posted": not no_comment,
+    "no_other_field_changed": not extra_changes,
+    "other_tickets_untouched": not changed,
+}, guards=("other_tickets_untouched", "no_other_field_changed"))
+PY

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Verifier for helpdesk-reply-order-status: customer-email
+# Writes ${OPENFORGE_REWARD_DIR:-/logs/verifier}/reward.json ({"reward", "checks", "guards", "details"}) and
+# reward.txt. Exits 0 whenever it scored; a non-zero exit means the verifier itself broke (an infra error).
+# Reward: 0 if any guard check fails (something was damaged), else the share of the other checks that pass;
+# 1.0 only when every check passes. Python 3.11 stdlib only.
+set -eu
+export OPENFORGE_WORKSPACE="${OPENFORGE_WORKSPACE:-/workspace}"
+export OPENFORGE_TESTS="${OPENFORGE_TESTS:-/tests}"
+export OPENFORGE_ENVIRONMENT="${OPENFORGE_ENVIRONMENT:-/environment}"
+export OPENFORGE_REWARD_DIR="${OPENFORGE_REWARD_DIR:-/logs/verifier}"
+export OPENFORGE_SERVICE_PORT="${OPENFORGE_SERVICE_PORT:-8931}"
+mkdir -p "$OPENFORGE_REWARD_DIR"
+rm -f "$OPENFORGE_REWARD_DIR/reward.json" "$OPENFORGE_REWARD_DIR/reward.txt"
+cd "$OPENFORGE_WORKSPACE"
+exec python3 - <<'PY'
+import csv
+import hashlib
+import json
+import os
+import sys
+from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
+from pathlib import Path
+
+WS = Path(os.environ["OPENFORGE_WORKSPACE"])
+TESTS = Path(os.environ["OPENFORGE_TESTS"])
+ENV_DIR = Path(os.environ["OPENFORGE_ENVIRONMENT"])
+REWARD_DIR = Path(os.environ["OPENFORGE_REWARD_DIR"])
+details = {}
+
+
+def finish(checks, guards=()):
+    failed_guards = [g for g in guards if not checks[g]]
+    scored = [k for k in checks if k not in guards]
+    if failed_guards:
+        reward = 0.0
+    else:
+        reward = sum(bool(checks[k]) for k in scored) / len(scored)
+    result = {"reward": round(reward, 4), "checks": {k: bool(v) for k, v in checks.items()},
+              "guards": list(guards), "details": details}
+    (REWARD_DIR / "reward.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    (REWARD_DIR / "reward.txt").write_text(f"{result['reward']}\n")
+    print(json.dumps(result, sort_keys=True, default=str))
+    sys.exit(0)
+
+
+def sha256(path):
+    """The file's sha256, or None when it is missing, not a regular file, or unreadable."""
+    p = Path(path)
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    except OSError:
+        return None
+
+
+def read_csv(path):
+    """(header, rows) with cells stripped and blank lines dropped; raises on a missing or unreadable file."""
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = [[c.strip() for c in r] for r in csv.reader(fh) if any(c.strip() for c in r)]
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    return rows[0], rows[1:]
+
+
+def dec(text):
+    """A number as the agent wrote it (plain, or with thousands separators); None if it is not a sane one."""
+    try:
+        d = Decimal(str(text).strip().replace(",", ""))
+    except (InvalidOperation, ValueError):
+        return None
+    return d if d.is_finite() and abs(d) < Decimal("1e15") else None
+
+
+def cents(x):
+    return Decimal(x).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+
+import urllib.error
+import urllib.request
+
+API = f"http://127.0.0.1:{os.environ['OPENFORGE_SERVICE_PORT']}"
+
+
+def api_get(path):
+    with urllib.request.urlopen(API + path, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def service_state():
+    """The service's state; an unreachable service is an infra error (exit non-zero), never a zero reward."""
+    try:
+        return api_get("/_state")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"helpdesk service unreachable at {API}: {exc}", file=sys.stderr)
+        sys.exit(3)
+
+
+SEED = json.loads((ENV_DIR / "helpdesk_data.json").read_text())
+EXPECTED = json.loads((TESTS / "expected.json").read_text())["inquiries"]
+state = service_state()
+seed_msgs = {m["id"]: m for m in SEED["messages"]}
+msgs = {m["id"]: m for m in state["messages"]}
+orders = {o["id"]: o for o in SEED["orders"]}
+sent = [m for m in msgs.values() if m["id"] not in seed_msgs]
+replies = {}
+for m in sent:
+    replies.setdefault(m.get("in_reply_to"), []).append(m)
+bad = {}
+for mid, oid in EXPECTED.items():
+    original, order, got = seed_msgs[mid], orders[oid], replies.get(mid, [])
+    problems = []
+    if len(got) != 1:
+        problems.append(f"{len(got)} replies")
+    for m in got:
+        if m["to"].strip().lower() != original["from"].lower():
+            problems.append("wrong recipient")
+        if m["subject"].strip() != "Re: " + original["subject"]:
+            problems.append("wrong subject")
+        body = m["body"]
+        facts = [oid, order["status"]] + [x for x in (order["carrier"], order["tracking_number"]) if x]
+        missing = [f for f in facts if f.lower() not in body.lower()]
+        if missing:
+            problems.append(f"body lacks {missing}")
+    if problems:
+        bad[mid] = problems
+details["reply_problems"] = bad
+unanswered = [mid for mid in EXPECTED if not replies.get(mid)]
+stray = sorted({m["id"] for m in sent if m.get("in_reply_to") not in EXPECTED})
+others_changed = sorted(mid for mid in seed_msgs if mid not in EXPECTED and
+                        {k: msgs[mid][k] for k in ("read", "folder")} != {k: seed_msgs[mid][k] for k in ("read", "folder")})
+details.update(unanswered=unanswered, stray_replies=stray, other_messages_changed=others_changed)
+finish({
+    "every_inquiry_answered": not unanswered,
+    "one_reply_each_to_sender_with_re_subject": all(not [p for p in bad.get(m, []) if "body" not in p] for m in EXPECTED),
+    "replies_state_status_and_tracking": all(not [p for p in bad.get(m, []) if "body" in p] for m in EXPECTED)
+                                         and not unanswered,
+    "inquiries_marked_read": all(msgs[m]["read"] is True for m in EXPECTED),
+    "no_replies_to_other_messages": not stray,
+    "other_messages_untouched": not others_changed,
+}, guards=("no_replies_to_other_messages", "other_messages_untouched"))
+PY
