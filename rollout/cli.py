@@ -44,7 +44,7 @@ class RunProgress:
                 + (f"  mean reward {mean:.2f}" if mean is not None else "")
                 + (f"  [yellow]waiting: {self._hold}[/]" if self._hold and running == 0 else ""))
         self._hold = ""
-        kw = {"completed": sum(1 for r in summary.results if r.outcome != "infra_error" or r.attempt > 0)}
+        kw = {"completed": len(summary.results) - summary.retried}
         if total is not None:
             kw["total"] = total
         self.bar.update(self.task, description=text, **kw)
@@ -85,9 +85,14 @@ def run_command(
 
     err = Console(stderr=True)
     opts = _merge(config, locals(), err)
+    from forge_store import JournalError, StoreError
+
+    from .backends import SandboxError
+    from .proxy_link import ProxyUnavailable
+
     try:
         summary = _run(opts, err)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, FileNotFoundError, StoreError, JournalError, SandboxError, ProxyUnavailable) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
     _print_summary(summary, err, json_out)

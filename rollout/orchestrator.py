@@ -78,6 +78,7 @@ class RunSummary:
     groups: int = 0
     groups_complete: int = 0
     superseded_groups: int = 0
+    retried: int = 0
     cancelled: bool = False
     wall_s: float = 0.0
 
@@ -196,6 +197,7 @@ class Orchestrator:
                             and not self.cancel.is_set()):
                         retry_of = None if res.extra.get("unregistered") else res.rollout_id
                         pending.appendleft(Work(work.group, work.attempt + 1, retry_of or work.retry_of))
+                        summary.retried += 1
                         self.store.add_event("rollout.retry", source="orchestrator", rollout_id=res.rollout_id,
                                              detail={"attempt": work.attempt + 1, "kind": res.infra_kind})
                     else:
@@ -211,6 +213,9 @@ class Orchestrator:
                 res = fut.result()
                 summary.results.append(res)
             running.clear()
+        except BaseException:
+            self.cancel.set()      # a bug or a dead store: stop the other rollouts, then let the error out
+            raise
         finally:
             if self.cancel.is_set():
                 summary.cancelled = True

@@ -32,6 +32,7 @@ class PodWatcher:
         self.api, self.namespace, self.selector = api, namespace, selector
         self.cond = threading.Condition()
         self.watches_opened = 0
+        self.events_seen = 0
         self._last: dict[str, dict] = {}
         self._deleted: set[str] = set()
         self._tracked: set[str] = set()
@@ -79,6 +80,7 @@ class PodWatcher:
         if not name or not matches(obj, self.selector):
             return
         with self.cond:
+            self.events_seen += 1
             if name not in self._tracked:
                 return
             self._last[name] = obj
