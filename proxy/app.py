@@ -42,6 +42,7 @@ class RolloutIn(BaseModel):
     harness_id: str | None = None
     policy_version_id: str | None = None
     backend: str | None = None
+    image_ref: str | None = None
     attempt: int = 1
     retry_of: str | None = None
     metadata: dict | None = None

@@ -77,7 +77,8 @@ class RolloutRunner:
         try:
             reg = self.admin.register_rollout(
                 rollout_id=rid, task_id=task.id, group_id=req.group_id, run_id=req.run_id, harness_id=req.harness_id,
-                policy_version_id=req.policy_version_id, backend=self.backend.name, attempt=req.attempt,
+                policy_version_id=req.policy_version_id, backend=self.backend.name,
+                image_ref=task.config.environment.docker_image, attempt=req.attempt,
                 retry_of=req.retry_of, ttl_s=timeout + task.verifier_timeout_s + 120,
                 metadata={"domain": task.domain, "task_path": str(task.path)})
         except ProxyUnavailable as exc:
@@ -97,12 +98,11 @@ class RolloutRunner:
     def _spec(self, req: RolloutRequest, rid: str, token: str, timeout: float) -> tuple[SandboxSpec, Phase, Phase,
                                                                                          list[Phase]]:
         task, env = req.task, req.task.config.environment
-        ctx = LaunchContext(instruction=task.instruction, base_url="", token=token, model=req.model,
-                            workdir=env.workdir, home=SANDBOX_HOME, max_turns=req.max_turns)
         probe = SandboxSpec(rollout_id=rid, run_id=req.run_id, group_id=req.group_id, task_id=task.id,
                             workspace_seed=None, environment_dir=None, phases=())
-        ctx = LaunchContext(**{**ctx.__dict__, "base_url": self.backend.proxy_url(probe)})
-        launch = self.harness.launch(ctx)
+        launch = self.harness.launch(LaunchContext(
+            instruction=task.instruction, base_url=self.backend.proxy_url(probe), token=token, model=req.model,
+            workdir=env.workdir, home=SANDBOX_HOME, max_turns=req.max_turns))
         harness_mounts = ()
         if getattr(self.harness, "needs_solution", False):
             if task.solution_dir is None:

@@ -42,6 +42,7 @@ def test_react_success_recorded_token_exact(forge):
     s = forge.store
     (ro,) = _rollouts(s)
     assert ro.outcome == "success" and ro.harness_id.startswith("react@") and ro.backend == "local"
+    assert ro.image_ref == "python:3.11-slim" and ro.attempt == 1
     calls = s.calls(ro.id)
     assert len(calls) == 2 and all(c.token_exact and c.completion_token_ids for c in calls)
     tool_msgs = [m for m in calls[1].messages if m.get("role") == "tool"]
