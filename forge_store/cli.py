@@ -34,9 +34,12 @@ def _register_parts() -> None:
 
     app.command("proxy")(proxy_command)
     app.add_typer(export_app, name="export")
-    from rollout.cli import run_command
+    from learner.cli import train_command
+    from rollout.cli import demo_command, run_command
 
     app.command("run")(run_command)
+    app.command("demo")(demo_command)
+    app.command("train")(train_command)
 
 
 _register_parts()

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
         "/var/cache/openforge as root (bubblewrap runs as nobody and cannot enter /root), else ~/.cache/openforge.",
     )
     sandbox_dir: Path | None = Field(default=None, description="Local sandboxes' folders. Default: HOME/sandboxes.")
+    vllm_cpu_cache: Path | None = Field(
+        default=None, description="vLLM CPU environment and SmolLM2 model for `openforge demo` / `openforge train`. "
+        "Default: ~/.cache/openforge/vllm-cpu.")
 
     def resolved_cache_dir(self) -> Path:
         import os

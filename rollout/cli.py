@@ -170,7 +170,7 @@ def _run(opts: dict, err):
         backend_opts = {"root": sandbox_root, "proxy_socket": socket_path} if opts["backend"] == "local" else {}
         backend = get_backend(opts["backend"], **backend_opts)
         model = opts.get("model") or _first_model(opts.get("upstream"))
-        metrics = opts.get("upstream_metrics") or (f"{opts['upstream'].rstrip('/')}/metrics"
+        metrics = opts.get("upstream_metrics") or (f"{opts['upstream'].rstrip('/').removesuffix('/v1')}/metrics"
                                                    if opts.get("upstream") and opts.get("max_waiting") else None)
         cfg = RunConfig(harness=harness.name, model=model, group_size=opts["group_size"],
                         groups_per_task=opts["groups_per_task"], concurrency=opts["concurrency"],
@@ -206,8 +206,9 @@ def _first_model(upstream: str | None) -> str:
 
     if not upstream:
         raise ValueError("--model is required with --proxy")
+    root = upstream.rstrip("/").removesuffix("/v1")
     try:
-        data = httpx.get(f"{upstream.rstrip('/')}/v1/models", timeout=10).json()
+        data = httpx.get(f"{root}/v1/models", timeout=10).json()
         return data["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise ValueError(f"could not ask {upstream}/v1/models for a model name ({exc}); is the upstream running? "
@@ -231,3 +232,57 @@ def _print_summary(summary, err, json_out: bool) -> None:
     t.add_row(str(len(summary.results)), f"{summary.groups_complete}/{summary.groups}", *(str(oc[k]) for k in sorted(oc)),
               "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}", f"{summary.wall_s:.1f}")
     err.print(t)
+
+
+def demo_command(
+    upstream: Optional[str] = typer.Option(None, "--upstream", help="Use this vLLM / SGLang server (your GPU) instead "
+                                           "of starting vLLM on the CPU."),
+    harness: str = typer.Option("react", "--harness", help="react, mini-swe-agent, codex, claude-code."),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="Your task folder(s) (default: three of "
+                                         "examples/tasks; all of yours when given)."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Serve this policy version's checkpoint "
+                                         "(registered by `openforge train`)."),
+    group_size: int = typer.Option(4, "--group-size", help="Rollouts per GRPO group."),
+    groups_per_task: int = typer.Option(1, "--groups-per-task", help="Groups per task."),
+    concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
+    max_turns: int = typer.Option(4, "--max-turns", help="Turns per rollout (react) / steps (mini-swe-agent)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="Tokens per model call (react)."),
+    port: int = typer.Option(18300, "--port", help="Port for the CPU vLLM server."),
+    store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
+) -> None:
+    """The whole loop on this machine: vLLM on the CPU, rollouts in sandboxes, rewards, a veRL shard, a report."""
+    from rich.console import Console
+
+    from forge_store import JournalError, StoreError
+
+    from .backends import SandboxError
+    from .demo import DemoConfig, DemoError, run_demo
+    from .proxy_link import ProxyUnavailable
+    from .task import TaskError
+
+    console = Console(stderr=True)
+    root = Path(__file__).resolve().parents[1] / "examples" / "tasks"
+    cfg = DemoConfig(tasks=tasks or root, harness=harness, upstream=upstream, policy=policy, group_size=group_size,
+                     groups_per_task=groups_per_task, concurrency=concurrency, max_turns=max_turns,
+                     max_tokens=max_tokens, port=port, store=store, task_names=() if tasks else DemoConfig.task_names,
+                     vllm_cache=_vllm_cache())
+    try:
+        rep = run_demo(cfg, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]cancelled[/]")
+        raise typer.Exit(130) from None
+    except (DemoError, TaskError, SandboxError, ProxyUnavailable, StoreError, JournalError, KeyError, ValueError,
+            RuntimeError, TimeoutError) as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    print(json.dumps({"run_id": rep.run_id, "policy_version": rep.policy_version, "rollouts": rep.rollouts,
+                      "outcomes": rep.outcomes, "success_rate": rep.success_rate, "calls": rep.calls,
+                      "token_exact_calls": rep.token_exact_calls, "samples": rep.samples, "shard": rep.shard,
+                      "manifest_verified": rep.manifest_verified, "timings": rep.timings}))
+
+
+def _vllm_cache() -> str | None:
+    from forge_store import get_settings
+
+    cache = get_settings().vllm_cpu_cache
+    return str(cache) if cache else None

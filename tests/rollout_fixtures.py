@@ -74,10 +74,10 @@ class Forge:
     up: object
     root: Path
 
-    def orchestrator(self, harness, **cfg) -> Orchestrator:
+    def orchestrator(self, harness, model: str = "mock-model", **cfg) -> Orchestrator:
         if isinstance(harness, str):
             harness = get_harness(harness)
-        config = RunConfig(harness=harness.name, model="mock-model", **({"group_size": 1, "concurrency": 1} | cfg))
+        config = RunConfig(harness=harness.name, model=model, **({"group_size": 1, "concurrency": 1} | cfg))
         return Orchestrator(config, store=self.store, backend=self.backend, harness=harness, admin=self.admin)
 
     def run(self, tasks, harness, **cfg):

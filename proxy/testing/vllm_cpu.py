@@ -232,8 +232,10 @@ class VllmServer:
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, port: int | None = None,
                  start_timeout: float = 900.0, max_model_len: int = MAX_MODEL_LEN, dtype: str = "float32",
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None, progress: bool = True) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None, progress: bool = True,
+                 model: str | os.PathLike[str] | None = None) -> None:
         self.cache_dir, self.port, self.start_timeout = cache_dir, port, start_timeout
+        self.model = Path(model) if model else None   # a checkpoint folder instead of the converted base model
         self.max_model_len, self.dtype, self.extra_args = max_model_len, dtype, list(extra_args)
         self.env, self.progress = dict(env or {}), progress
         self.proc: subprocess.Popen | None = None
@@ -247,7 +249,7 @@ class VllmServer:
 
     def __enter__(self) -> Self:
         python = ensure_env(self.cache_dir, self.progress)
-        model = ensure_model(self.cache_dir, self.progress)
+        model = self.model or ensure_model(self.cache_dir, self.progress)
         self.port = self.port or _free_port()
         logs = default_cache_dir(self.cache_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
