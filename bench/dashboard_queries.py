@@ -1,0 +1,231 @@
+"""Latency of the dashboards' queries on a synthetic store of one million calls (PostgreSQL, optionally SQLite).
+
+Builds the store with bulk COPY straight into PostgreSQL (not through the journal): ~20k rollouts over 30 days,
+50 tasks in 3 domains, 3 policy versions rolled out over time, 2 harnesses with their own tool sets, ~50 calls per
+rollout (lognormal), tool calls with JSON arguments, tool results as delta-encoded prompt messages, rewards and
+exclusions. Then it times each page's queries (median of --repeat warm runs) and prints, as its last line, one JSON
+object: ``{"calls": ..., "overview_ms": ..., "trajectory_ms": ..., "behaviour_ms": ...}``.
+
+    python bench/dashboard_queries.py [--calls 1000000] [--pg-admin URL] [--keep] [--sqlite]
+
+Token-id arrays are left out (the dashboards never read them in bulk); everything the pages query is realistic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import orjson
+import psycopg
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dashboards.queries import Window, filter_options, overview, rollout_page  # noqa: E402
+from dashboards.context import Context  # noqa: E402
+from dashboards.views.behaviour import compare  # noqa: E402
+from forge_store import Settings, open_store  # noqa: E402
+from forge_store.hashing import sha256_hex  # noqa: E402
+from learner.rubrics import tool_steps  # noqa: E402
+
+T0 = datetime(2026, 6, 1, tzinfo=timezone.utc)
+POLICIES = ("pv-100", "pv-200", "pv-300")
+HARNESSES = {"react@1.0": ("bash", "read_file", "write_file"), "codex@0.5": ("exec_command", "apply_patch", "shell")}
+CALL_COLS = ("id", "rollout_id", "seq", "api_surface", "model", "streamed", "request_hash", "tool_schema_hash",
+             "request_params", "prompt_base_call_id", "prompt_base_len", "prompt_tail", "n_prompt_messages",
+             "response", "response_message_hash", "finish_reason", "prompt_ids_prefix_len", "n_prompt_tokens",
+             "n_completion_tokens", "usage", "started_at", "ended_at", "ttft_ms", "latency_ms", "policy_version_id",
+             "token_exact", "ingest_seq")
+
+
+def _args(tool: str, rng: random.Random, i: int) -> str:
+    if tool in ("bash", "shell", "exec_command"):
+        cmd = rng.choice(["ls -la", "python -m pytest -q", f"cat src/mod{i % 7}.py", "grep -rn TODO src", "git diff"])
+        return json.dumps({"command" if tool != "exec_command" else "cmd": cmd})
+    if tool == "apply_patch":
+        return json.dumps({"input": f"*** Begin Patch\n*** Update File: src/mod{i % 7}.py\n@@\n-a\n+b\n*** End Patch"})
+    if rng.random() < 0.02:
+        return "{\"path\": "  # a malformed call now and then
+    return json.dumps({"path": f"src/mod{i % 7}.py", **({"content": "x = 1\n"} if tool == "write_file" else {})})
+
+
+def build(url: str, n_calls: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    n_rollouts = max(1, n_calls // 50)
+    lengths = [max(2, int(rng.lognormvariate(math.log(45), 0.45))) for _ in range(n_rollouts)]
+    scale = n_calls / sum(lengths)
+    lengths = [max(2, round(x * scale)) for x in lengths]
+    lengths[-1] += n_calls - sum(lengths)
+    seq = 0
+
+    def next_seq() -> int:
+        nonlocal seq
+        seq += 1
+        return seq
+
+    pg = sa.engine.make_url(url).set(drivername="postgresql")
+    dsn = pg.render_as_string(hide_password=False)
+    # messages and calls stream side by side: two COPYs need two connections
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur, psycopg.connect(dsn) as mconn, mconn.cursor() as mcur:
+        schemas = {}
+        for h, tools in HARNESSES.items():
+            body = orjson.dumps([{"type": "function", "function": {"name": t, "parameters": {"type": "object"}}}
+                                 for t in tools], option=orjson.OPT_SORT_KEYS).decode()
+            schemas[h] = sha256_hex(body.encode())
+            cur.execute("INSERT INTO tool_schemas (sha256, body, ingest_seq) VALUES (%s, %s, %s)", (schemas[h], body, next_seq()))
+            name, version = h.split("@")
+            cur.execute("INSERT INTO harnesses (id, name, version, created_at, ingest_seq) VALUES (%s,%s,%s,%s,%s)",
+                        (h, name, version, T0, next_seq()))
+        for i, pv in enumerate(POLICIES):
+            cur.execute("INSERT INTO policy_versions (id, model_name, global_step, created_at, ingest_seq) "
+                        "VALUES (%s,%s,%s,%s,%s)", (pv, "bench-model", 100 * (i + 1), T0, next_seq()))
+        for t in range(50):
+            meta = json.dumps({"required_tools": ["bash", "write_file"], "reference_steps": 20 + t})
+            cur.execute("INSERT INTO tasks (id, domain, metadata, created_at, ingest_seq) VALUES (%s,%s,%s,%s,%s)",
+                        (f"task-{t}", ("swe", "data", "web")[t % 3], meta, T0, next_seq()))
+        msg_copy = mcur.copy("COPY messages (sha256, role, body, size, ingest_seq) FROM STDIN")
+        with msg_copy as mc, cur.copy(f"COPY calls ({', '.join(CALL_COLS)}) FROM STDIN") as cc:
+            rollouts, rewards, exclusions, seen = [], [], [], set()
+            for r, n in enumerate(lengths):
+                rid = f"r{r:06d}"
+                frac = r / n_rollouts
+                pv = POLICIES[min(2, int(frac * 3 + rng.random() * 0.3))]
+                harness = rng.choice(list(HARNESSES))
+                tools = HARNESSES[harness]
+                start = T0 + timedelta(days=30 * frac, seconds=rng.random() * 60)
+                p_ok = 0.35 + 0.1 * POLICIES.index(pv)
+                u = rng.random()
+                outcome = ("infra_error" if u < 0.02 else "policy_timeout" if u < 0.07 else "harness_error" if u < 0.10
+                           else "cancelled" if u < 0.105 else "success" if rng.random() < p_ok else "failure")
+                t = start
+                prev_id, prev_len, last_tc = None, 0, {}
+                for i in range(n):
+                    cid = f"{rid}-{i:03d}"
+                    if i == 0:
+                        new = [{"role": "system", "content": "You are a careful agent."},
+                               {"role": "user", "content": f"Solve task {r % 50}."}]
+                    else:
+                        new = [{"role": "assistant", "content": None, "tool_calls": [last_tc]},
+                               {"role": "tool", "tool_call_id": last_tc["id"],
+                                "content": ("Traceback (most recent call last):\nValueError: bad\nexit code 1"
+                                            if rng.random() < 0.08 else f"ok {rid} {i}\n" + "x" * rng.randint(20, 400))}]
+                    tail = []
+                    for m in new:
+                        body = orjson.dumps(m, option=orjson.OPT_SORT_KEYS).decode()
+                        h = sha256_hex(body.encode())
+                        if h not in seen:
+                            seen.add(h)
+                            mc.write_row((h, m["role"], body, len(body), next_seq()))
+                        tail.append(h)
+                    last = i == n - 1
+                    tool = rng.choice(tools)
+                    last_tc = {"id": f"{cid}-t", "type": "function", "function": {"name": tool, "arguments": _args(tool, rng, i)}}
+                    response = {"text": "done" if last else None, "tool_calls": None if last else [last_tc], "reasoning": None}
+                    lat = rng.lognormvariate(math.log(1500), 0.5)
+                    end = t + timedelta(milliseconds=lat)
+                    n_prompt = 600 + 180 * i
+                    cc.write_row((cid, rid, i, "chat.completions", "bench-model", False, uuid.uuid4().hex * 2,
+                                  schemas[harness], '{"temperature": 1.0}', prev_id, prev_len, json.dumps(tail),
+                                  prev_len + len(tail), json.dumps(response), None, "stop" if last else "tool_calls",
+                                  0, n_prompt, 60, json.dumps({"prompt_tokens": n_prompt, "completion_tokens": 60}),
+                                  t, end, 150.0, lat, pv, False, next_seq()))
+                    prev_id, prev_len = cid, prev_len + len(tail)
+                    t = end + timedelta(milliseconds=rng.lognormvariate(math.log(800), 0.7))
+                rollouts.append((rid, f"task-{r % 50}", harness, pv, "local", "img:bench", "sha256:" + "cd" * 32,
+                                 1, "finished", outcome, start, t, next_seq(), seq))
+                if outcome in ("success", "failure", "policy_timeout", "harness_error"):
+                    rewards.append((f"w{r}", rid, 1.0 if outcome == "success" else 0.0, "verifier", t, next_seq()))
+                elif outcome == "infra_error":
+                    exclusions.append((f"x{r}", rid, "infra_error", t, next_seq()))
+        mconn.commit()
+        with cur.copy("COPY rollouts (id, task_id, harness_id, policy_version_id, backend, image_ref, image_digest, "
+                      "attempt, status, outcome, started_at, ended_at, ingest_seq, finished_seq) FROM STDIN") as c:
+            for row in rollouts:
+                c.write_row(row)
+        with cur.copy("COPY rewards (id, rollout_id, value, source, created_at, ingest_seq) FROM STDIN") as c:
+            for row in rewards:
+                c.write_row(row)
+        with cur.copy("COPY exclusions (id, rollout_id, reason, created_at, ingest_seq) FROM STDIN") as c:
+            for row in exclusions:
+                c.write_row(row)
+        cur.execute("UPDATE ingest_counter SET value = %s WHERE id = 1", (seq,))
+        conn.commit()
+        conn.autocommit = True
+        cur.execute("VACUUM ANALYZE")
+    return {"rollouts": n_rollouts, "calls": sum(lengths)}
+
+
+def _timed(fn, repeat: int) -> float:
+    fn()  # warm the caches once, as a dashboard user would
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return round(statistics.median(times), 1)
+
+
+def measure(url: str, home: Path, repeat: int) -> dict:
+    store = open_store(url, settings=Settings(home=home, auto_upgrade=False))
+    window = Window(since=T0 + timedelta(days=0), until=T0 + timedelta(days=31))
+    ctx = Context(store=store, window=window)
+    engine = store.engine
+    rid = rollout_page(engine, window, {})[0]["id"].iloc[0]
+
+    def overview_page():
+        overview(engine, window)
+
+    def trajectory_page():
+        options = filter_options(engine)
+        rollout_page(engine, window, {"task_id": options["task_id"][3], "outcome": "success"}, page=1)
+        traj = store.trajectory(rid)
+        tool_steps(traj.calls)
+
+    def behaviour_page():
+        filter_options(engine)
+        compare(ctx, "policy_version_id", POLICIES[0], POLICIES[2])
+
+    out = {"overview_ms": _timed(overview_page, repeat), "trajectory_ms": _timed(trajectory_page, repeat),
+           "behaviour_ms": _timed(behaviour_page, repeat)}
+    store.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=1_000_000)
+    ap.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="Keep the benchmark database (its URL is printed).")
+    args = ap.parse_args()
+    name = f"of_bench_dash_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.pg_admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = sa.engine.make_url(args.pg_admin).set(drivername="postgresql+psycopg", database=name)
+    url = url.render_as_string(hide_password=False)
+    home = Path(f"/tmp/{name}")
+    try:
+        open_store(url, settings=Settings(home=home)).close()  # schema at head
+        t = time.perf_counter()
+        sizes = build(url, args.calls)
+        build_s = round(time.perf_counter() - t, 1)
+        print(f"built {sizes['calls']:,} calls in {sizes['rollouts']:,} rollouts in {build_s}s ({url})", file=sys.stderr)
+        result = {"backend": "postgresql", **sizes, "build_s": build_s, **measure(url, home, args.repeat)}
+    finally:
+        if not args.keep:
+            with psycopg.connect(args.pg_admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

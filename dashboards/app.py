@@ -1,0 +1,34 @@
+"""The OpenForge dashboard (Streamlit): ``openforge dashboard --store URL``. Read-only; one module per page."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboards.context import Context, open_or_explain, sidebar_window, store_url
+from dashboards.views import behaviour, exports, overview, trajectories
+
+PAGES = {"Overview": overview, "Trajectories": trajectories, "Behaviour": behaviour, "Exports": exports}
+
+
+def main() -> None:
+    st.set_page_config(page_title="OpenForge", layout="wide")
+    url = store_url()
+    wanted = st.query_params.get("page")  # deep links: ?page=Trajectories&rollout=ID
+    page = st.sidebar.radio("Page", list(PAGES), key="page",
+                            index=list(PAGES).index(wanted) if wanted in PAGES else 0)
+    st.sidebar.caption(url.split("@")[-1])
+    store = open_or_explain(url)
+    if store is None:
+        return
+    if page == "Exports":
+        PAGES[page].render(store)
+        return
+    window = sidebar_window(store)
+    if window is None:
+        st.info("This store has no rollouts yet. Run `openforge` rollouts (or point --store at another store) and "
+                "reload this page.")
+        return
+    PAGES[page].render(Context(store=store, window=window))
+
+
+main()

@@ -1,0 +1,110 @@
+"""The Streamlit dashboard driven by AppTest on seeded stores: every page, and every bad store shows a message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from streamlit.testing.v1 import AppTest
+
+from dashboards.demo import seed_demo_store
+from forge_store import Settings, open_store
+from forge_store import migrate
+from forge_store.engine import create_engine
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
+
+
+def _app(monkeypatch, url: str, home: Path) -> AppTest:
+    monkeypatch.setenv("OPENFORGE_STORE_URL", url)
+    monkeypatch.setenv("OPENFORGE_HOME", str(home))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    return at
+
+
+def _texts(at: AppTest) -> str:
+    parts = [e.value for kind in ("markdown", "caption", "info", "warning", "error", "success", "header",
+                                  "subheader", "text", "code") for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.fixture
+def seeded(store_url, tmp_path):
+    home = tmp_path / "home"
+    with open_store(store_url, settings=Settings(home=home)) as st:
+        seed_demo_store(st, n_tasks=3, per_task=4)
+    return store_url, home
+
+
+def test_every_page_on_a_seeded_store(seeded, monkeypatch):
+    url, home = seeded
+    at = _app(monkeypatch, url, home)
+    assert not at.exception, at.exception
+    assert "Overview" in _texts(at) and at.metric[0].value == "24"  # 3 tasks x 2 policies x 4 (one infra error)
+    assert "infra_error" in str(at.dataframe[-1].value)
+
+    at.sidebar.radio(key="page").set_value("Trajectories").run()
+    assert not at.exception, at.exception
+    assert "24 rollouts match" in _texts(at)
+    at.selectbox(key="f_outcome").set_value("success").run()
+    assert "rollouts match" in _texts(at) and not at.exception
+    at.selectbox(key="f_outcome").set_value("(any)").run()
+    at.selectbox(key="rollout_id").set_value("r-0-0-0").run()
+    text = _texts(at)
+    assert "Rollout r-0-0-0" in text and "sha256:abab" in text and "policy-v1" in text and "react" in text
+    assert not at.warning, [w.value for w in at.warning]  # its screenshot is in the blob store
+    at.number_input(key="step").set_value(2).run()
+    text = _texts(at)
+    assert "read_file" in text and "src/app.py" in text and not at.exception
+
+    at.sidebar.radio(key="page").set_value("Behaviour").run()
+    assert not at.exception, at.exception
+    assert "pass@k" in _texts(at) and len(at.dataframe) == 2
+    at.radio(key="side").set_value("harness").run()
+    assert not at.exception, at.exception
+
+    at.sidebar.radio(key="page").set_value("Exports").run()
+    assert not at.exception and "export-demo" in _texts(at)
+
+
+def test_missing_screenshot_is_a_warning(seeded, monkeypatch):
+    url, home = seeded
+    blob = next(p for p in (home / "blobs").rglob("*") if p.is_file())
+    blob.unlink()
+    at = _app(monkeypatch, url, home)
+    at.sidebar.radio(key="page").set_value("Trajectories").run()
+    at.selectbox(key="rollout_id").set_value("r-0-0-0").run()
+    assert not at.exception, at.exception
+    assert any("cannot be shown" in w.value for w in at.warning)
+
+
+def test_empty_database_is_an_info_and_stays_empty(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    at = _app(monkeypatch, url, tmp_path / "home")
+    assert not at.exception and "no tables yet" in at.info[0].value
+    assert "openforge db upgrade" in at.info[0].value
+    assert migrate.current(create_engine(url)) is None  # read-only: the dashboard created nothing
+
+
+def test_store_without_rollouts_and_without_exports(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    open_store(url, settings=Settings(home=tmp_path / "home")).close()
+    at = _app(monkeypatch, url, tmp_path / "home")
+    assert not at.exception and "no rollouts yet" in at.info[0].value
+    at.sidebar.radio(key="page").set_value("Exports").run()
+    assert "No exports yet" in at.info[0].value
+
+
+def test_old_migration_is_a_warning(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = create_engine(url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0001'"))
+    engine.dispose()
+    monkeypatch.setattr(migrate, "heads", lambda: ("9999",))
+    monkeypatch.setattr(migrate, "known_revisions", lambda: {"0001", "9999"})
+    at = _app(monkeypatch, url, tmp_path / "home")
+    assert not at.exception and "openforge db upgrade" in at.warning[0].value
