@@ -178,7 +178,8 @@ def behaviour_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
             "recovery_rate": _ratio(sum(r.recovered for r in rs), sum(r.failed for r in rs)),
             "self_verification_rate": _ratio(sum(bool(r.self_verified) for r in wrote), len(wrote)),
             "tool_coverage": _mean(r.coverage for r in rs),
-            "step_efficiency": _mean(r.efficiency for r in rs),
+            # over rollouts that passed: a rollout that gives up after one call is not "efficient"
+            "step_efficiency": _mean(f.rubrics.efficiency for f in fs if f.passed),
         })
     return rows
 

@@ -18,7 +18,8 @@ The rules (every list and pattern lives in :class:`learner.analysis_config.Rubri
   last write (a read or search tool on it, or a read-back shell command naming it), or a test run came after it.
 * **Tool coverage**: share of the task's ``required_tools`` (tasks.metadata) called; a requirement may name a tool
   or a category (``shell``, ``read``, ...).
-* **Step efficiency**: ``reference_steps`` (tasks.metadata) / model calls taken, capped at 1.
+* **Step efficiency**: ``reference_steps`` (tasks.metadata) / model calls taken, capped at 1; the analysis tables
+  average it over rollouts that passed (giving up early is not efficiency).
 * **pass@k** = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, unbiased) and **pass^k** = C(c, k) / C(n, k) (Yao et al.
   2024, all k attempts pass), over the n graded rollouts of a task of which c passed; undefined when n < k.
 """
