@@ -266,6 +266,7 @@ def demo_command(
                      groups_per_task=groups_per_task, concurrency=concurrency, max_turns=max_turns,
                      max_tokens=max_tokens, port=port, store=store, task_names=() if tasks else DemoConfig.task_names,
                      vllm_cache=_vllm_cache())
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         rep = run_demo(cfg, console)
     except KeyboardInterrupt:
@@ -275,6 +276,8 @@ def demo_command(
             RuntimeError, TimeoutError) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps({"run_id": rep.run_id, "policy_version": rep.policy_version, "rollouts": rep.rollouts,
                       "outcomes": rep.outcomes, "success_rate": rep.success_rate, "calls": rep.calls,
                       "token_exact_calls": rep.token_exact_calls, "samples": rep.samples, "shard": rep.shard,
