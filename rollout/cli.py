@@ -12,7 +12,7 @@ import typer
 
 RUN_KEYS = {"tasks", "harness", "group_size", "groups_per_task", "concurrency", "upstream", "proxy", "admin_token",
             "store", "model", "backend", "max_infra_retries", "max_in_flight", "max_waiting", "max_turns",
-            "agent_timeout", "dialect", "run_name", "upstream_metrics"}
+            "agent_timeout", "dialect", "run_name", "upstream_metrics", "kubernetes"}
 
 
 class RunProgress:
@@ -151,7 +151,7 @@ def _run(opts: dict, err):
     sandbox_root = settings.resolved_sandbox_dir()
     sandbox_root.mkdir(parents=True, exist_ok=True)
     socket_path = sandbox_root / "proxy.sock"
-    store = embedded = relay = None
+    store = embedded = relay = backend = None
     try:
         if opts.get("upstream"):
             store = open_store(opts.get("store"), journal=True, name="run",
@@ -167,8 +167,18 @@ def _run(opts: dict, err):
             host_port = opts["proxy"].split("://", 1)[-1].split("/", 1)[0]
             host, _, port = host_port.rpartition(":")
             relay = SocketRelay(socket_path, host or "127.0.0.1", int(port or 80))
-        backend_opts = {"root": sandbox_root, "proxy_socket": socket_path} if opts["backend"] == "local" else {}
-        backend = get_backend(opts["backend"], **backend_opts)
+        if opts["backend"] == "local":
+            backend = get_backend("local", root=sandbox_root, proxy_socket=socket_path)
+        elif opts["backend"] == "kubernetes":
+            if opts.get("upstream"):
+                raise ValueError("--backend kubernetes: pods cannot reach a proxy inside this process; run "
+                                 "`openforge proxy` as a Service in the cluster and pass --proxy URL --admin-token T "
+                                 "(and kubernetes.proxy_url in --config, the URL pods use); see docs/kubernetes.md")
+            from .backends.kubernetes import KubernetesConfig
+
+            backend = get_backend("kubernetes", config=KubernetesConfig.model_validate(opts.get("kubernetes") or {}))
+        else:
+            backend = get_backend(opts["backend"])
         model = opts.get("model") or _first_model(opts.get("upstream"))
         metrics = opts.get("upstream_metrics") or (f"{opts['upstream'].rstrip('/').removesuffix('/v1')}/metrics"
                                                    if opts.get("upstream") and opts.get("max_waiting") else None)
@@ -189,6 +199,8 @@ def _run(opts: dict, err):
         store.flush(60)
         return summary
     finally:
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
         if embedded is not None:
             embedded.stop()
         if relay is not None:

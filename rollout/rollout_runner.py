@@ -134,7 +134,7 @@ class RolloutRunner:
                 return res
             sandbox = self.backend.create(spec)
             res.sandbox_start_ms = sandbox.started_ms
-            info = self.backend.describe(sandbox)
+            info = {k: v for k, v in self.backend.describe(sandbox).items() if k != "events"}
             res.extra["describe"] = info
             self._event(rid, "sandbox.created", info)
             for svc in services:
@@ -198,8 +198,21 @@ class RolloutRunner:
             return res
         finally:
             if sandbox is not None:
+                self._final_state(rid, sandbox, res)
                 self.backend.destroy(sandbox)
                 self._event(rid, "sandbox.destroyed", {"outcome": res.outcome})
+
+    def _final_state(self, rid: str, sandbox, res: RolloutResult) -> None:
+        """What the backend knows only once phases ran (a pod's image digest, node, events), kept before destroy."""
+        try:
+            final = dict(self.backend.describe(sandbox))
+        except SandboxError as exc:
+            self._event(rid, "sandbox.describe_failed", {"message": str(exc), "kind": exc.kind})
+            return
+        for ev in final.pop("events", None) or []:
+            self.store.add_event(f"pod.{ev.get('reason') or 'event'}", source=ev.get("source") or self.backend.name,
+                                 rollout_id=rid, detail=ev)
+        res.extra["describe"] = {**res.extra.get("describe", {}), **{k: v for k, v in final.items() if v is not None}}
 
     # --- recording -----------------------------------------------------------------------------------------
     def _finish(self, req: RolloutRequest, res: RolloutResult) -> None:

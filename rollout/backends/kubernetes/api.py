@@ -13,7 +13,8 @@ import json
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..base import SandboxError
 from .config import KubernetesConfig
@@ -54,7 +55,8 @@ class TokenBucket:
 def make_api_client(cfg: KubernetesConfig, host: str | None = None):
     """An official ``ApiClient``: ``host`` (tests, the emulator), else kubeconfig (``cfg.context``), else
     in-cluster."""
-    from kubernetes import client, config as kconfig
+    from kubernetes import client
+    from kubernetes import config as kconfig
 
     conf = client.Configuration()
     if host is not None:

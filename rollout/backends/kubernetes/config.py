@@ -45,8 +45,8 @@ class KubernetesConfig(BaseModel):
     image_provides: list[str] = []                  # sandbox paths the image already has (not shipped)
     read_only_root_fs: bool = False
     run_as_user: int = Field(default=1000, ge=1)
-    qps: float = Field(default=20.0, gt=0)          # client-side token bucket (requests per second)
-    burst: int = Field(default=40, ge=1)
+    qps: float = Field(default=50.0, gt=0)          # client-side token bucket (requests per second)
+    burst: int = Field(default=100, ge=1)
     max_retries: int = Field(default=6, ge=0)       # 429 / 5xx / connection errors
     backoff_base_s: float = Field(default=0.5, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)

@@ -51,6 +51,9 @@ class _Handler(kmock.KubernetesEmulator):
         verb = _VERBS.get(request.action.name if request.action else "", str(request.method).lower())
         key = f"{verb} {resource}" + (f"/{request.subresource}" if request.subresource else "")
         self.counts[key] += 1
+        # kmock matches each request by scanning its whole request log (O(n) per request, O(n^2) per run); we
+        # count requests ourselves, so keep only the current one there.
+        del self._requests[:-1]
         path = request.url.path
         for fault in self.faults:
             if fault.hits < fault.times and fault.method == str(request.method.value).upper() \
@@ -92,7 +95,7 @@ class Emulator:
             self._ready.set()
             await self._stop.wait()
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the kmock emulator did not start within 30 s")

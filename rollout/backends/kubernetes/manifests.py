@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base import ENVIRONMENT_DIR, SandboxError, SandboxSpec
+from ..base import ENVIRONMENT_DIR, Phase, SandboxError, SandboxSpec
 from .config import MANAGED_BY, KubernetesConfig
 from .results import FILES_DIR, PHASE_SCRIPT, message_limit
 
@@ -133,148 +133,178 @@ def _security(cfg: KubernetesConfig) -> dict:
 
 def build(spec: SandboxSpec, cfg: KubernetesConfig, image: str) -> tuple[dict, dict, list[dict], PodPlan]:
     """(pod, secret, configmaps, plan) for one rollout; raises ``SandboxError`` for a spec a pod cannot carry."""
-    pod_name = dns_name("of", spec.rollout_id)
-    labels = rollout_labels(spec)
-    annotations = {LABEL_PREFIX + "rollout-id": spec.rollout_id, LABEL_PREFIX + "run-id": spec.run_id,
-                   LABEL_PREFIX + "task-id": spec.task_id}
-    meta = {"labels": labels, "annotations": annotations}
-    secret_data: dict[str, str] = {}
-    token = spec.proxy_token
-    if token:
-        secret_data[TOKEN_KEY] = base64.b64encode(token.encode()).decode()
-    configmaps: list[dict] = []
-    volumes: list[dict] = [{"name": "workspace", "emptyDir": {"sizeLimit": f"{spec.resources.storage_mb}Mi"}},
-                           {"name": "scratch", "emptyDir": {}}, {"name": "logs", "emptyDir": {}},
-                           {"name": "home", "emptyDir": {}}]
-    common_mounts = [{"name": "scratch", "mountPath": "/tmp"}, {"name": "logs", "mountPath": "/logs"}]
+    return _Builder(spec, cfg, image).build()
 
-    def ship(tag: str, source: Path, target: str, what: str) -> dict | None:
-        if target in cfg.image_provides:
-            return None
-        cm, items = _configmap(f"{pod_name}-{tag}", labels, _tree(source), cfg, what)
-        configmaps.append(cm)
-        volumes.append({"name": tag, "configMap": {"name": cm["metadata"]["name"], "items": items}})
+
+class _Builder:
+    def __init__(self, spec: SandboxSpec, cfg: KubernetesConfig, image: str):
+        self.spec, self.cfg, self.image = spec, cfg, image
+        self.name = dns_name("of", spec.rollout_id)
+        self.labels = rollout_labels(spec)
+        self.annotations = {LABEL_PREFIX + "rollout-id": spec.rollout_id, LABEL_PREFIX + "run-id": spec.run_id,
+                            LABEL_PREFIX + "task-id": spec.task_id}
+        self.token = spec.proxy_token
+        self.secret_data: dict[str, str] = {}
+        if self.token:
+            self.secret_data[TOKEN_KEY] = _b64(self.token.encode())
+        self.configmaps: list[dict] = []
+        self.volumes: list[dict] = [
+            {"name": "workspace", "emptyDir": {"sizeLimit": f"{spec.resources.storage_mb}Mi"}},
+            {"name": "scratch", "emptyDir": {}}, {"name": "logs", "emptyDir": {}}, {"name": "home", "emptyDir": {}}]
+        self.common_mounts = [{"name": "workspace", "mountPath": spec.workdir},
+                              {"name": "scratch", "mountPath": "/tmp"}, {"name": "logs", "mountPath": "/logs"}]
+
+    def ship(self, tag: str, source: Path, target: str, what: str) -> list[dict]:
+        """A host file or folder as a read-only ConfigMap mount at ``target`` (none if the image provides it)."""
+        if target in self.cfg.image_provides:
+            return []
+        cm, items = _configmap(f"{self.name}-{tag}", self.labels, _tree(source), self.cfg, what)
+        self.configmaps.append(cm)
+        self.volumes.append({"name": tag, "configMap": {"name": cm["metadata"]["name"], "items": items}})
         if source.is_file():
-            return {"name": tag, "mountPath": target, "subPath": source.name, "readOnly": True}
-        return {"name": tag, "mountPath": target, "readOnly": True}
+            return [{"name": tag, "mountPath": target, "subPath": source.name, "readOnly": True}]
+        return [{"name": tag, "mountPath": target, "readOnly": True}]
 
-    seed_mounts = [{"name": "workspace", "mountPath": spec.workdir}, *common_mounts]
-    if spec.workspace_seed is not None:
-        m = ship("ws", spec.workspace_seed, "/openforge/seed", f"workspace seed {spec.workspace_seed}")
-        seed_mounts += [m] if m else []
-    shared = []
-    if spec.environment_dir is not None:
-        m = ship("env", spec.environment_dir, ENVIRONMENT_DIR, f"environment folder {spec.environment_dir}")
-        shared += [m] if m else []
-    for i, mount in enumerate(spec.mounts):
-        m = ship(f"m{i}", mount.source, mount.target, f"mount {mount.source} -> {mount.target}")
-        shared += [m] if m else []
+    def secret_ref(self, key: str) -> dict:
+        return {"secretKeyRef": {"name": self.name, "key": key}}
 
-    foreground = [p for p in spec.phases if not p.background]
-    if not foreground:
-        raise SandboxError(f"rollout {spec.rollout_id}: no foreground phase; a pod needs one to be its main "
-                           f"container (declare the verifier phase)", kind="spec_invalid")
-    n_containers = 1 + len(spec.phases)
-    env_common = [{"name": "OPENFORGE_PROXY_URL", "value": _literal(cfg.proxy_url)}]
-    if token:
-        env_common.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": TOKEN_KEY}}})
-    used: set[str] = {SEED}
-    containers: dict[str, tuple[str, str]] = {}
-    init: list[dict] = [{
-        "name": SEED, "image": image, "command": ["/bin/sh", "-c", _literal(SEED_SCRIPT)],
-        "env": [{"name": "OPENFORGE_WORKDIR", "value": _literal(spec.workdir)}], "volumeMounts": seed_mounts,
-        "resources": _resources(cfg.service_cpus, cfg.service_memory_mb), "securityContext": _security(cfg),
-        "terminationMessagePolicy": "File"}]
-    main: dict | None = None
-    for i, phase in enumerate(spec.phases):
-        cname = dns_name("p", phase.name)
-        if cname in used:
-            cname = dns_name("p", f"{phase.name}-{i}")
-        used.add(cname)
-        kind = "sidecar" if phase.background else ("main" if phase is foreground[-1] else "init")
-        containers[phase.name] = (cname, kind)
-        env = list(env_common)
+    def build(self) -> tuple[dict, dict, list[dict], PodPlan]:
+        spec, cfg = self.spec, self.cfg
+        foreground = [p for p in spec.phases if not p.background]
+        if not foreground:
+            raise SandboxError(f"rollout {spec.rollout_id}: no foreground phase; a pod needs one to be its main "
+                               f"container (declare the verifier phase)", kind="spec_invalid")
+        seed_mounts = list(self.common_mounts)
+        if spec.workspace_seed is not None:
+            seed_mounts += self.ship("ws", spec.workspace_seed, "/openforge/seed",
+                                     f"workspace seed {spec.workspace_seed}")
+        shared = []
+        if spec.environment_dir is not None:
+            shared += self.ship("env", spec.environment_dir, ENVIRONMENT_DIR,
+                                f"environment folder {spec.environment_dir}")
+        for i, mount in enumerate(spec.mounts):
+            shared += self.ship(f"m{i}", mount.source, mount.target, f"mount {mount.source} -> {mount.target}")
+        init: list[dict] = [{
+            "name": SEED, "image": self.image, "command": ["/bin/sh", "-c", _literal(SEED_SCRIPT)],
+            "env": [{"name": "OPENFORGE_WORKDIR", "value": _literal(spec.workdir)}], "volumeMounts": seed_mounts,
+            "resources": _resources(cfg.service_cpus, cfg.service_memory_mb), "securityContext": _security(cfg),
+            "terminationMessagePolicy": "File"}]
+        containers: dict[str, tuple[str, str]] = {}
+        used, main = {SEED}, None
+        for i, phase in enumerate(spec.phases):
+            cname = dns_name("p", phase.name)
+            if cname in used:
+                cname = dns_name("p", f"{phase.name}-{i}")
+            used.add(cname)
+            kind = "sidecar" if phase.background else ("main" if phase is foreground[-1] else "init")
+            containers[phase.name] = (cname, kind)
+            container = self.phase_container(i, phase, cname, shared)
+            if kind == "main":
+                main = container
+            else:
+                init.append(container)
+        pod = self.pod(init, main)
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
+                  "metadata": {"name": self.name, "labels": self.labels, "annotations": self.annotations},
+                  "data": self.secret_data}
+        for cm in self.configmaps:
+            cm["metadata"]["annotations"] = self.annotations
+        plan = PodPlan(self.name, self.name, tuple(c["metadata"]["name"] for c in self.configmaps), containers)
+        return pod, secret, self.configmaps, plan
+
+    def phase_env(self, i: int, phase: Phase) -> list[dict]:
+        """Literal values escaped for the kubelet; any value holding the token comes from the Secret instead."""
+        token = self.token
+        env = [{"name": "OPENFORGE_PROXY_URL", "value": _literal(self.cfg.proxy_url)}]
+        if token:
+            env.append({"name": TOKEN_ENV, "valueFrom": self.secret_ref(TOKEN_KEY)})
         for k, v in phase.env.items():
             if token and v == token:
-                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": TOKEN_KEY}}})
+                env.append({"name": k, "valueFrom": self.secret_ref(TOKEN_KEY)})
             elif token and token in v:
                 key = f"env-{i}-{re.sub(r'[^A-Za-z0-9._-]', '_', k)}"
-                secret_data[key] = base64.b64encode(v.encode()).decode()
-                env.append({"name": k, "valueFrom": {"secretKeyRef": {"name": pod_name, "key": key}}})
+                self.secret_data[key] = _b64(v.encode())
+                env.append({"name": k, "valueFrom": self.secret_ref(key)})
             else:
                 env.append({"name": k, "value": _literal(v)})
-        home = phase.env.get("HOME", HOME)
         if "HOME" not in phase.env:
             env.append({"name": "HOME", "value": HOME})
-        file_lines = []
-        items = []
-        for j, (path, blob, mode) in enumerate(phase.files):
-            key = f"file-{i}-{j}"
-            secret_data[key] = base64.b64encode(blob).decode()
-            items.append({"key": key, "path": key})
-            file_lines.append(f"{key}\t{mode & 0o7777:o}\t{path}")
+        return env
+
+    def phase_container(self, i: int, phase: Phase, cname: str, shared: list[dict]) -> dict:
+        spec, cfg = self.spec, self.cfg
         for path in phase.outputs:
             if any(c in path for c in '"\\\n\t') or not path.startswith("/"):
                 raise SandboxError(f"phase {phase.name!r}: output path {path!r} must be absolute and free of "
                                    f"quotes, backslashes and control characters", kind="spec_invalid")
-        env += [{"name": "OPENFORGE_MODE", "value": "service" if phase.background else "phase"},
-                {"name": "OPENFORGE_FILES", "value": _literal("\n".join(file_lines))},
-                {"name": "OPENFORGE_OUTPUTS", "value": _literal("\n".join(phase.outputs))},
-                {"name": "OPENFORGE_TIMEOUT_S", "value": str(math.ceil(phase.timeout_s))},
-                {"name": "OPENFORGE_MESSAGE_MAX", "value": str(message_limit(n_containers))}]
-        mounts = [{"name": "workspace", "mountPath": spec.workdir}, *common_mounts, *shared]
+        items, file_lines = [], []
+        for j, (path, blob, mode) in enumerate(phase.files):
+            key = f"file-{i}-{j}"
+            self.secret_data[key] = _b64(blob)
+            items.append({"key": key, "path": key})
+            file_lines.append(f"{key}\t{mode & 0o7777:o}\t{path}")
+        env = self.phase_env(i, phase) + [
+            {"name": "OPENFORGE_MODE", "value": "service" if phase.background else "phase"},
+            {"name": "OPENFORGE_FILES", "value": _literal("\n".join(file_lines))},
+            {"name": "OPENFORGE_OUTPUTS", "value": _literal("\n".join(phase.outputs))},
+            {"name": "OPENFORGE_TIMEOUT_S", "value": str(math.ceil(phase.timeout_s))},
+            {"name": "OPENFORGE_MESSAGE_MAX", "value": str(message_limit(1 + len(spec.phases)))}]
+        mounts = [*self.common_mounts, *shared]
+        home = phase.env.get("HOME", HOME)
         if home not in ("/tmp", spec.workdir):
             mounts.append({"name": "home", "mountPath": home})
         if items:
-            volumes.append({"name": f"files-{i}", "secret": {"secretName": pod_name, "items": items}})
+            self.volumes.append({"name": f"files-{i}", "secret": {"secretName": self.name, "items": items}})
             mounts.append({"name": f"files-{i}", "mountPath": FILES_DIR, "readOnly": True})
         for j, mount in enumerate(phase.mounts):
-            m = ship(f"p{i}m{j}", mount.source, mount.target, f"phase {phase.name!r} mount {mount.source}")
-            mounts += [m] if m else []
+            if mount.source is None:
+                # An empty folder of this phase only (the verifier's /logs/verifier): nested over the shared /logs,
+                # so nothing an earlier phase wrote there is visible to this one.
+                self.volumes.append({"name": f"p{i}m{j}", "emptyDir": {}})
+                mounts.append({"name": f"p{i}m{j}", "mountPath": mount.target})
+                continue
+            mounts += self.ship(f"p{i}m{j}", mount.source, mount.target, f"phase {phase.name!r} mount {mount.source}")
         args = [_literal(a) for a in phase.argv]
-        if token:
-            args = [a.replace(token, f"$({TOKEN_ENV})") for a in args]
+        if self.token:
+            args = [a.replace(self.token, f"$({TOKEN_ENV})") for a in args]
         container = {
-            "name": cname, "image": image, "command": ["/bin/sh", "-c", _literal(PHASE_SCRIPT), "openforge-phase"],
-            "args": args, "workingDir": phase.cwd or spec.workdir, "env": env, "volumeMounts": mounts,
+            "name": cname, "image": self.image,
+            "command": ["/bin/sh", "-c", _literal(PHASE_SCRIPT), "openforge-phase"], "args": args,
+            "workingDir": phase.cwd or spec.workdir, "env": env, "volumeMounts": mounts,
             "securityContext": _security(cfg), "terminationMessagePolicy": "File",
             "resources": (_resources(cfg.service_cpus, cfg.service_memory_mb) if phase.background else
                           _resources(spec.resources.cpus, spec.resources.memory_mb))}
         if phase.background:
             container["restartPolicy"] = "Always"
             if phase.ready_port:
-                period = 1
-                container["startupProbe"] = {"tcpSocket": {"port": phase.ready_port}, "periodSeconds": period,
-                                             "failureThreshold": max(1, math.ceil(phase.timeout_s / period))}
-        if kind == "main":
-            main = container
-        else:
-            init.append(container)
-    assert main is not None
-    backstop = int(sum(p.timeout_s for p in spec.phases if not p.background)) + cfg.deadline_backstop_s
-    pod_spec = {
-        "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 5, "activeDeadlineSeconds": max(1, backstop),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
-                            "fsGroup": cfg.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": init, "containers": [main], "volumes": volumes}
-    if cfg.service_account:
-        pod_spec["serviceAccountName"] = cfg.service_account
-    if cfg.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
-    if cfg.node_selector:
-        pod_spec["nodeSelector"] = dict(cfg.node_selector)
-    if cfg.tolerations:
-        pod_spec["tolerations"] = [_toleration(t) for t in cfg.tolerations]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": pod_name, "labels": {**labels, **ROLE}, "annotations": annotations},
-           "spec": pod_spec}
-    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": True,
-              "metadata": {"name": pod_name, **meta}, "data": secret_data}
-    for cm in configmaps:
-        cm["metadata"]["annotations"] = annotations
-    plan = PodPlan(pod_name, pod_name, tuple(c["metadata"]["name"] for c in configmaps), containers)
-    return pod, secret, configmaps, plan
+                container["startupProbe"] = {"tcpSocket": {"port": phase.ready_port}, "periodSeconds": 1,
+                                             "failureThreshold": max(1, math.ceil(phase.timeout_s))}
+        return container
+
+    def pod(self, init: list[dict], main: dict) -> dict:
+        cfg = self.cfg
+        backstop = int(sum(p.timeout_s for p in self.spec.phases if not p.background)) + cfg.deadline_backstop_s
+        pod_spec = {
+            "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 5, "activeDeadlineSeconds": max(1, backstop),
+            "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
+                                "fsGroup": cfg.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": init, "containers": [main], "volumes": self.volumes}
+        if cfg.service_account:
+            pod_spec["serviceAccountName"] = cfg.service_account
+        if cfg.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+        if cfg.node_selector:
+            pod_spec["nodeSelector"] = dict(cfg.node_selector)
+        if cfg.tolerations:
+            pod_spec["tolerations"] = [_toleration(t) for t in cfg.tolerations]
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": self.name, "labels": {**self.labels, **ROLE}, "annotations": self.annotations},
+                "spec": pod_spec}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def _toleration(t) -> dict:
