@@ -241,3 +241,45 @@ def test_a_harness_that_kills_a_task_service_fails_instead_of_getting_a_retry(fo
                         max_infra_retries=2)
     (res,) = summary.results
     assert res.outcome == "harness_error" and res.reward == 0.0 and "api" in res.detail, res
+
+
+def test_backpressure_reads_proxy_in_flight_and_the_upstream_queue(forge):
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from rollout.orchestrator import Backpressure
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (b'# HELP vllm:num_requests_waiting waiting\nvllm:num_requests_waiting{model_name="m"} 3.0\n'
+                    b'vllm:num_requests_waiting{model_name="n"} 2.0\n')
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}/metrics"
+        assert Backpressure(forge.admin, max_in_flight=None, metrics_url=url, max_waiting=5).blocked() == \
+            "upstream queue 5 >= 5"
+        assert Backpressure(forge.admin, max_in_flight=None, metrics_url=url, max_waiting=6).blocked() is None
+    finally:
+        srv.shutdown()
+    forge.up.double.script.extend([Delay(2.0, then=Text("slow"))])
+    token = forge.admin.register_rollout(rollout_id="bp")["token"]
+    import openai
+    client = openai.OpenAI(base_url=forge.proxy.url + "/v1", api_key=token, max_retries=0)
+    t = threading.Thread(target=lambda: client.chat.completions.create(
+        model="mock-model", messages=[{"role": "user", "content": "hi"}]))
+    t.start()
+    bp = Backpressure(forge.admin, max_in_flight=1, metrics_url=None, max_waiting=None, interval_s=0)
+    deadline = time.monotonic() + 5
+    while bp.blocked() is None:
+        assert time.monotonic() < deadline, "the in-flight call never showed"
+        time.sleep(0.05)
+    assert bp.blocked() == "proxy in-flight calls 1 >= 1"
+    t.join(10)
+    assert bp.blocked() is None
