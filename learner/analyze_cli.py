@@ -55,10 +55,10 @@ def _print(title: str, rows: list[dict]) -> None:
         return
     table = Table(title=title)
     for col in rows[0]:
-        table.add_column(col, justify="left" if isinstance(rows[0][col], str) else "right")
+        table.add_column(col, justify="left" if isinstance(rows[0][col], str) else "right", overflow="fold")
     for row in rows:
         table.add_row(*(_fmt(row.get(c)) for c in rows[0]))
-    console.print(table)
+    Console().print(table)   # made now, not at import: the terminal width (COLUMNS) is read when printing
 
 
 def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str) -> None:

@@ -252,7 +252,7 @@ def _table(console, title: str, rows: list[dict]) -> None:
         return
     t = Table(title=title, title_justify="left")
     for col in rows[0]:
-        t.add_column(str(col))
+        t.add_column(str(col), overflow="fold")
     for r in rows:
         t.add_row(*("-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v) for v in r.values()))
     console.print(t)
