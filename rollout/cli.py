@@ -180,6 +180,11 @@ def _run(opts: dict, err):
         else:
             backend = get_backend(opts["backend"])
         model = opts.get("model") or _first_model(opts.get("upstream"))
+        if opts.get("upstream") and opts.get("model"):
+            served = _served_models(opts["upstream"])
+            if served and model not in served:
+                raise ValueError(f"--model {model!r} is not served by {opts['upstream']} (it serves "
+                                 f"{', '.join(served)}); pass --model {served[0]}")
         metrics = opts.get("upstream_metrics") or (f"{opts['upstream'].rstrip('/').removesuffix('/v1')}/metrics"
                                                    if opts.get("upstream") and opts.get("max_waiting") else None)
         cfg = RunConfig(harness=harness.name, model=model, group_size=opts["group_size"],
@@ -211,6 +216,16 @@ def _run(opts: dict, err):
 
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _served_models(upstream: str) -> list[str]:
+    import httpx
+
+    try:
+        return [m["id"] for m in httpx.get(f"{upstream.rstrip('/').removesuffix('/v1')}/v1/models",
+                                           timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []   # the upstream does not list models: let the first call say what is wrong
 
 
 def _first_model(upstream: str | None) -> str:

@@ -166,7 +166,7 @@ def test_ctrl_c_cancels_rollouts_and_leaves_nothing_behind(up, shared_tmp):
     task = write_task(shared_tmp / "tasks", "slow", test_sh=ANSWER_TEST)
     up.double.script.extend([Delay(60, then=Text("late"), times=None)])
     p = _cli(["run", str(task), "--harness", "react", "--group-size", "2", "--concurrency", "2",
-              "--upstream", up.url, "--model", "mock-model"], _env(shared_tmp))
+              "--upstream", up.url], _env(shared_tmp))
     deadline = time.monotonic() + 60
     while len(up.double.requests) < 2:
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
@@ -195,8 +195,11 @@ def test_cli_errors_say_what_to_do(up, shared_tmp):
         (["--harness", "react", "--group-size", "0"], "--group-size 0"),
         (["--harness", "react", "--backend", "docker"], "known backends are local, kubernetes"),
     ]
+    p = _cli(["run", str(task), "--upstream", up.url, "--model", "no-such-model", "--harness", "react"], env)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "--model 'no-such-model' is not served" in " ".join(err.decode().split()), err
     for extra, expect in cases:
-        p = _cli(["run", str(task), "--upstream", up.url, "--model", "m", *extra], env)
+        p = _cli(["run", str(task), "--upstream", up.url, *extra], env)
         _, err = p.communicate(timeout=60)
         assert p.returncode == 2 and expect in " ".join(err.decode().split()), (extra, err.decode())
     bad = write_task(shared_tmp / "tasks", "bad", test_sh="x", toml="[agent]\ntimeout = 5\n")
@@ -211,7 +214,7 @@ def test_run_on_postgresql_with_a_config_file(up, shared_tmp, pg_database):
     """The CLI's config-file form against the real PostgreSQL store: a group of the oracle on an example task."""
     cfg = shared_tmp / "run.toml"
     cfg.write_text(f'tasks = "{EXAMPLES / "finance-category-totals"}"\nharness = "oracle"\ngroup_size = 2\n'
-                   f'concurrency = 2\nupstream = "{up.url}"\nmodel = "mock-model"\nstore = "{pg_database}"\n')
+                   f'concurrency = 2\nupstream = "{up.url}"\nstore = "{pg_database}"\n')
     p = _cli(["run", "--config", str(cfg), "--json"], _env(shared_tmp))
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err.decode()[-3000:]
