@@ -240,7 +240,7 @@ def test_a_harness_that_kills_a_task_service_fails_instead_of_getting_a_retry(fo
     d = write_task(shared_tmp / "tasks", "svc", test_sh=ANSWER_TEST, toml=(
         "[[environment.services]]\nname = 'api'\nport = 8931\n"
         "command = ['python3', '-m', 'http.server', '8931', '--bind', '127.0.0.1']\n"))
-    summary = forge.run([load_task(d)], CommandHarness("bash", "-c", "pkill -f http.server; echo 42 > answer.txt"),
+    summary = forge.run([load_task(d)], CommandHarness("bash", "-c", "pkill -f 'http[.]server'; echo 42 > answer.txt"),
                         max_infra_retries=2)
     (res,) = summary.results
     assert res.outcome == "harness_error" and res.reward == 0.0 and "api" in res.detail, res

@@ -78,6 +78,7 @@ class Init:
     def __init__(self, ctl: socket.socket):
         self.ctl = ctl
         self.services: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def send(self, msg: dict) -> None:
@@ -98,6 +99,19 @@ class Init:
                     tree.add(pid)
                     grew = True
         return tree | {os.getpid(), 1}
+
+    def _alive(self, name: str, proc: subprocess.Popen) -> bool:
+        """Running and, if it has a port, still accepting: a process killed a moment ago may not be reaped yet."""
+        if proc.poll() is not None:
+            return False
+        port = self.ports.get(name)
+        if port is None:
+            return True
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return proc.poll() is None and _wait_exit(proc, 0.5)
 
     def kill_strays(self) -> int:
         """SIGKILL everything in the sandbox's pid namespace that is not init or a service; returns how many."""
@@ -137,7 +151,7 @@ class Init:
         duration = time.monotonic() - t0
         _killpg(proc.pid)
         killed = self.kill_strays()
-        alive = {name: p.poll() is None for name, p in self.services.items()}
+        alive = {name: self._alive(name, p) for name, p in self.services.items()}
         return {"exit_code": code, "timed_out": timed_out, "duration_s": duration, "strays_killed": killed,
                 "services": alive,
                 "stdout": _b64(_tail(out)), "stderr": _b64(_tail(err))}
@@ -148,6 +162,8 @@ class Init:
         proc = subprocess.Popen(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.services[name] = proc
+        if req.get("ready_port"):
+            self.ports[name] = int(req["ready_port"])
         port, deadline = req.get("ready_port"), time.monotonic() + float(req.get("timeout_s") or 10)
         while port:
             if proc.poll() is not None:
@@ -216,6 +232,15 @@ def _parents() -> dict[int, int]:
             except (OSError, ValueError, IndexError):
                 pass
     return out
+
+
+def _wait_exit(proc: subprocess.Popen, seconds: float) -> bool:
+    """True if ``proc`` is still running after ``seconds`` (it refused a connection but did not exit)."""
+    try:
+        proc.wait(timeout=seconds)
+        return False
+    except subprocess.TimeoutExpired:
+        return True
 
 
 def _reap_children() -> None:
