@@ -169,6 +169,14 @@ class RolloutRunner:
             if vr.cancelled:
                 res.outcome = "cancelled"
                 return res
+            dead = sorted(name for name, alive in vr.services.items() if not alive)
+            if dead:
+                # A signal the harness sent may land only after its phase ended (a busy machine), and a verifier
+                # that cannot reach a killed service would look like a crash (an infra retry): a task service gone
+                # by the end of verification counts against the harness (graded 0, never retried).
+                res.outcome, res.reward = "harness_error", 0.0
+                res.detail = f"service(s) {', '.join(dead)} stopped before verification finished"
+                return res
             try:
                 verdict = read_verdict(task, vr)
             except VerifierCrashed as exc:
