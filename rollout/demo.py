@@ -244,23 +244,36 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
     return rep
 
 
-def _table(console, title: str, rows: list[dict]) -> None:
+def _table(console, title: str, rows: list[dict], *, transpose: bool = False) -> None:
+    """A report table; ``transpose`` with few slices turns it on its side (one row per metric) to fit a terminal."""
     from rich.table import Table
 
     if not rows:
         console.print(f"[dim]{title}: nothing yet[/]")
         return
+
+    def fmt(v) -> str:
+        return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    key = next(iter(rows[0]))
     t = Table(title=title, title_justify="left")
-    for col in rows[0]:
-        t.add_column(str(col), overflow="fold")
-    for r in rows:
-        t.add_row(*("-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v) for v in r.values()))
+    if transpose and len(rows) <= 3:
+        t.add_column(key)
+        for r in rows:
+            t.add_column(fmt(r[key]), overflow="fold")
+        for metric in list(rows[0])[1:]:
+            t.add_row(metric, *(fmt(r.get(metric)) for r in rows))
+    else:
+        for col in rows[0]:
+            t.add_column(str(col), overflow="fold")
+        for r in rows:
+            t.add_row(*(fmt(v) for v in r.values()))
     console.print(t)
 
 
 def _print_report(console, rep: DemoReport, manifest: dict, report: dict) -> None:
-    _table(console, f"Outcomes by policy version (run {rep.run_id})", report["summary"])
-    _table(console, "Behaviour", report["behaviour"])
+    _table(console, f"Outcomes by policy version (run {rep.run_id})", report["summary"], transpose=True)
+    _table(console, "Behaviour", report["behaviour"], transpose=True)
     _table(console, "Exclusions by reason", report["exclusions"])
     c = manifest["counts"]
     console.print(f"[bold]veRL shard[/] {rep.shard}: {rep.samples} samples from {c['rollouts_exported']} rollouts, "
