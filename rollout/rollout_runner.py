@@ -98,10 +98,8 @@ class RolloutRunner:
     def _spec(self, req: RolloutRequest, rid: str, token: str, timeout: float) -> tuple[SandboxSpec, Phase, Phase,
                                                                                          list[Phase]]:
         task, env = req.task, req.task.config.environment
-        probe = SandboxSpec(rollout_id=rid, run_id=req.run_id, group_id=req.group_id, task_id=task.id,
-                            workspace_seed=None, environment_dir=None, phases=())
         launch = self.harness.launch(LaunchContext(
-            instruction=task.instruction, base_url=self.backend.proxy_url(probe), token=token, model=req.model,
+            instruction=task.instruction, base_url=self.backend.proxy_url(), token=token, model=req.model,
             workdir=env.workdir, home=SANDBOX_HOME, max_turns=req.max_turns))
         harness_mounts = ()
         if getattr(self.harness, "needs_solution", False):
@@ -158,22 +156,15 @@ class RolloutRunner:
             if hx is not None and hx.kind == "infra":
                 res.infra_kind, res.detail = "model_unreachable", hx.detail[-2000:]
                 return res
-            dead = sorted(name for name, alive in hr.services.items() if not alive)
-            if dead:
-                # The harness shares the sandbox with the task's services; one that died during its turn is the
-                # harness's doing (graded as a failure), not an infrastructure error to retry.
-                res.outcome, res.reward = "harness_error", 0.0
-                res.detail = f"service(s) {', '.join(dead)} stopped during the harness phase"
-                return res
             vr = self.backend.run_phase(sandbox, verifier, cancel=self.cancel)
             if vr.cancelled:
                 res.outcome = "cancelled"
                 return res
             dead = sorted(name for name, alive in vr.services.items() if not alive)
             if dead:
-                # A signal the harness sent may land only after its phase ended (a busy machine), and a verifier
-                # that cannot reach a killed service would look like a crash (an infra retry): a task service gone
-                # by the end of verification counts against the harness (graded 0, never retried).
+                # The harness shares the sandbox with the task's services. Checked after verification, not after
+                # the harness: a signal it sent may land late on a busy machine, and a verifier that cannot reach a
+                # killed service would look like a crash (an infra retry). Graded 0, never retried.
                 res.outcome, res.reward = "harness_error", 0.0
                 res.detail = f"service(s) {', '.join(dead)} stopped before verification finished"
                 return res

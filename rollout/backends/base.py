@@ -14,7 +14,7 @@ Paths inside a sandbox follow the Harbor / Terminal-Bench conventions so such ta
 - the task's ``tests/`` read-only at ``/tests``, present only during the verifier phase;
 - the verifier's output folder at ``/logs/verifier`` (``reward.txt`` or ``reward.json``);
 - the task's ``solution/`` read-only at ``/solution``, present only for the ``oracle`` harness;
-- the proxy at ``http://127.0.0.1:{spec.proxy_port}`` (inside the sandbox's own network namespace).
+- the proxy at ``backend.proxy_url()`` (local: ``http://127.0.0.1:8000`` inside the sandbox's own network namespace).
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ class SandboxSpec:
     workdir: str = WORKDIR
     resources: Resources = Resources()
     mounts: tuple[Mount, ...] = ()       # visible in every phase (harness binaries, read-only)
-    proxy_port: int = PROXY_PORT
     proxy_token: str | None = None       # the rollout's scoped token (a Secret on Kubernetes, never a literal)
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -129,7 +128,7 @@ class SandboxBackend(Protocol):
 
     name: str
 
-    def proxy_url(self, spec: SandboxSpec) -> str:
+    def proxy_url(self) -> str:
         """The proxy's base URL (no /v1) as a harness inside this backend's sandboxes reaches it."""
 
     def create(self, spec: SandboxSpec) -> Sandbox:

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from .base import Phase, PhaseResult, Sandbox, SandboxError, SandboxSpec
+from .base import PROXY_PORT, Phase, PhaseResult, Sandbox, SandboxError, SandboxSpec
 
 INIT_PATH = "/opt/openforge/init.py"
 PROXY_SOCKET = "/run/openforge/proxy.sock"
@@ -53,7 +53,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, root: str | Path, *, proxy_socket: str | Path | None = None, bwrap: str = "bwrap",
-                 python: str = "/usr/bin/python3", run_as: int | None = None, proxy_port: int = 8000):
+                 python: str = "/usr/bin/python3", run_as: int | None = None, proxy_port: int = PROXY_PORT):
         self.root = Path(root)
         self.proxy_socket = Path(proxy_socket) if proxy_socket else None
         self.bwrap = shutil.which(bwrap)
@@ -70,24 +70,26 @@ class LocalBackend:
         self._ids = itertools.count(1)
 
     # --- interface -----------------------------------------------------------------------------------------
-    def proxy_url(self, spec: SandboxSpec) -> str:
-        return f"http://127.0.0.1:{spec.proxy_port}"
+    def proxy_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
 
     def create(self, spec: SandboxSpec) -> Sandbox:
         t0 = time.monotonic()
         d = self.root / spec.rollout_id
         if d.exists():
             raise SandboxError(f"sandbox folder {d} already exists: rollout ids must be unique", kind="sandbox_conflict")
-        sb = Sandbox(id=spec.rollout_id, spec=spec, backend=self.name, created_at=time.time())
+        sb = Sandbox(id=spec.rollout_id, spec=spec, backend=self.name, created_at=time.time(),
+                     backend_state={"dir": d, "lock": threading.Lock(), "buf": b""})
         try:
-            argv, keep_fd, parent = self._prepare(d, spec)
-            log = open(d / "backend.log", "wb")
-            proc = subprocess.Popen(argv, pass_fds=(keep_fd,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, env={"PATH": BASE_PATH, "LANG": "C.UTF-8"},
-                                    **self._creds())
-            log.close()
-            os.close(keep_fd)
-            sb.backend_state = {"dir": d, "proc": proc, "ctl": parent, "lock": threading.Lock(), "buf": b""}
+            argv, keep_fd, sb.backend_state["ctl"] = self._prepare(d, spec)
+            try:
+                with open(d / "backend.log", "wb") as log:
+                    proc = subprocess.Popen(argv, pass_fds=(keep_fd,), stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=log, start_new_session=True,
+                                            env={"PATH": BASE_PATH, "LANG": "C.UTF-8"}, **self._creds())
+            finally:
+                os.close(keep_fd)
+            sb.backend_state["proc"] = proc
             (d / "meta.json").write_text(json.dumps({"rollout_id": spec.rollout_id, "run_id": spec.run_id,
                                                      "pid": proc.pid, "owner_pid": os.getpid(),
                                                      "created_at": sb.created_at}))
@@ -95,10 +97,10 @@ class LocalBackend:
             if not hello.get("ready"):
                 raise SandboxError(f"sandbox {spec.rollout_id}: init did not start: {hello}", kind="sandbox_start")
         except SandboxError:
-            self._diagnose_and_destroy(sb)
+            self.destroy(sb)
             raise
         except OSError as exc:
-            self._diagnose_and_destroy(sb)
+            self.destroy(sb)
             raise SandboxError(f"sandbox {spec.rollout_id} could not be created: {exc}", kind="sandbox_start") from exc
         sb.started_ms = (time.monotonic() - t0) * 1000
         return sb
@@ -155,7 +157,7 @@ class LocalBackend:
                 parts.append(_unb64(self._call(sandbox, {"op": "logs"}, 10, None).get("data")).decode(errors="replace"))
             except SandboxError:
                 pass
-        log = Path(st.get("dir", self.root / sandbox.id)) / "backend.log"
+        log = Path(st["dir"]) / "backend.log"
         if log.exists():
             parts.append(log.read_text(errors="replace"))
         return "".join(parts)
@@ -176,7 +178,7 @@ class LocalBackend:
         if ctl is not None:
             ctl.close()
             st["ctl"] = None
-        shutil.rmtree(st.get("dir", self.root / sandbox.id), ignore_errors=True)
+        shutil.rmtree(st["dir"], ignore_errors=True)
 
     def reap(self, *, run_id: str | None = None) -> list[str]:
         """Remove sandboxes whose orchestrator is gone (or all of ``run_id``'s), killing what still runs."""
@@ -260,7 +262,7 @@ class LocalBackend:
         a += ["--", self.python, "-I", "-S", INIT_PATH, "--ctl-fd", str(fd),
               "--fsize-mb", str(spec.resources.storage_mb)]
         if self.proxy_socket is not None:
-            a += ["--bridge-port", str(spec.proxy_port), "--bridge-socket", PROXY_SOCKET]
+            a += ["--bridge-port", str(self.proxy_port), "--bridge-socket", PROXY_SOCKET]
         return a, fd, parent
 
     def _stage(self, sandbox: Sandbox, phase: Phase) -> list[Path]:
@@ -334,13 +336,8 @@ class LocalBackend:
         return json.loads(line)
 
     def _backend_log(self, sandbox: Sandbox) -> str:
-        log = Path(sandbox.backend_state.get("dir", self.root / sandbox.id)) / "backend.log"
+        log = Path(sandbox.backend_state["dir"]) / "backend.log"
         return log.read_text(errors="replace") if log.exists() else ""
-
-    def _diagnose_and_destroy(self, sandbox: Sandbox) -> None:
-        if "dir" not in sandbox.backend_state:
-            sandbox.backend_state["dir"] = self.root / sandbox.id
-        self.destroy(sandbox)
 
 
 def _phase_mounts(spec: SandboxSpec) -> list:

@@ -24,7 +24,7 @@ def phases(sb):
 
 def test_it_is_a_sandbox_backend(backend):
     assert isinstance(backend, SandboxBackend) and backend.name == "kubernetes"
-    assert backend.proxy_url(None) == "http://openforge-proxy.openforge.svc:8000"
+    assert backend.proxy_url() == "http://openforge-proxy.openforge.svc:8000"
 
 
 def test_create_makes_secret_configmaps_pod_and_one_network_policy(backend, emulator, task_dir):

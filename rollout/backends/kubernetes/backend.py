@@ -38,7 +38,7 @@ class KubernetesBackend:
         self.watcher.close()
 
     # --- creation
-    def proxy_url(self, spec: SandboxSpec) -> str:
+    def proxy_url(self) -> str:
         return self.cfg.proxy_url
 
     def create(self, spec: SandboxSpec) -> Sandbox:
