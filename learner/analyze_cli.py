@@ -50,15 +50,30 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _print(title: str, rows: list[dict]) -> None:
+def print_table(out: Console, title: str, rows: list[dict], *, transpose: bool = False) -> None:
+    """One report table; ``transpose`` with up to three slices puts one metric per row, to fit a terminal."""
     if not rows:
+        out.print(f"[dim]{title}: nothing yet[/]")
         return
-    table = Table(title=title)
-    for col in rows[0]:
-        table.add_column(col, justify="left" if isinstance(rows[0][col], str) else "right", overflow="fold")
-    for row in rows:
-        table.add_row(*(_fmt(row.get(c)) for c in rows[0]))
-    Console().print(table)   # made now, not at import: the terminal width (COLUMNS) is read when printing
+    cols = list(rows[0])
+    table = Table(title=title, title_justify="left")
+    if transpose and len(rows) <= 3:
+        table.add_column(cols[0])
+        for row in rows:
+            table.add_column(_fmt(row[cols[0]]), justify="right", overflow="fold")
+        for metric in cols[1:]:
+            table.add_row(metric, *(_fmt(row.get(metric)) for row in rows))
+    else:
+        for col in cols:
+            table.add_column(col, justify="left" if isinstance(rows[0][col], str) else "right", overflow="fold")
+        for row in rows:
+            table.add_row(*(_fmt(row.get(c)) for c in cols))
+    out.print(table)
+
+
+def _print(title: str, rows: list[dict]) -> None:
+    if rows:
+        print_table(Console(), title, rows)   # a console made now reads the terminal width (COLUMNS) now
 
 
 def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str) -> None:

@@ -131,7 +131,7 @@ def _run(opts: dict, err):
     from .backends import get_backend
     from .harnesses import get_harness
     from .orchestrator import Orchestrator, RunConfig
-    from .proxy_link import AdminClient, EmbeddedProxy, SocketRelay
+    from .proxy_link import AdminClient, EmbeddedProxy, SocketRelay, served_models
     from .task import TaskError, load_tasks
 
     if not opts.get("tasks"):
@@ -179,12 +179,15 @@ def _run(opts: dict, err):
             backend = get_backend("kubernetes", config=KubernetesConfig.model_validate(opts.get("kubernetes") or {}))
         else:
             backend = get_backend(opts["backend"])
-        model = opts.get("model") or _first_model(opts.get("upstream"))
-        if opts.get("upstream") and opts.get("model"):
-            served = _served_models(opts["upstream"])
-            if served and model not in served:
+        model = opts.get("model")
+        if opts.get("upstream"):
+            served = served_models(opts["upstream"])
+            model = model or served[0]
+            if model not in served:
                 raise ValueError(f"--model {model!r} is not served by {opts['upstream']} (it serves "
                                  f"{', '.join(served)}); pass --model {served[0]}")
+        elif not model:
+            raise ValueError("--model is required with --proxy: the name the inference server behind it serves")
         metrics = opts.get("upstream_metrics") or (f"{opts['upstream'].rstrip('/').removesuffix('/v1')}/metrics"
                                                    if opts.get("upstream") and opts.get("max_waiting") else None)
         cfg = RunConfig(harness=harness.name, model=model, group_size=opts["group_size"],
@@ -216,30 +219,6 @@ def _run(opts: dict, err):
 
 def _sigterm_as_interrupt(signum, frame):
     raise KeyboardInterrupt
-
-
-def _served_models(upstream: str) -> list[str]:
-    import httpx
-
-    try:
-        return [m["id"] for m in httpx.get(f"{upstream.rstrip('/').removesuffix('/v1')}/v1/models",
-                                           timeout=10).json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return []   # the upstream does not list models: let the first call say what is wrong
-
-
-def _first_model(upstream: str | None) -> str:
-    import httpx
-
-    if not upstream:
-        raise ValueError("--model is required with --proxy")
-    root = upstream.rstrip("/").removesuffix("/v1")
-    try:
-        data = httpx.get(f"{root}/v1/models", timeout=10).json()
-        return data["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        raise ValueError(f"could not ask {upstream}/v1/models for a model name ({exc}); is the upstream running? "
-                         f"Pass --model NAME to skip this") from None
 
 
 def _print_summary(summary, err, json_out: bool) -> None:

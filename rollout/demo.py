@@ -72,16 +72,13 @@ def check_port(port: int) -> None:
 
 
 def check_upstream(url: str) -> str:
-    import httpx
+    from .proxy_link import ProxyUnavailable, served_models
 
-    root = url.rstrip("/").removesuffix("/v1")
     try:
-        r = httpx.get(f"{root}/v1/models", timeout=10)
-        r.raise_for_status()
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        raise DemoError(f"--upstream {url} is unreachable or serves no model ({type(exc).__name__}: {exc}); start "
-                        f"your vLLM / SGLang server first, or leave out --upstream to run vLLM on the CPU here") from None
+        return served_models(url)[0]
+    except ProxyUnavailable as exc:
+        raise DemoError(f"--upstream {url} is unreachable or serves no model ({exc}); start your vLLM / SGLang "
+                        f"server first, or leave out --upstream to run vLLM on the CPU here") from None
 
 
 def check_model_dir(path: Path) -> str:
@@ -244,37 +241,12 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
     return rep
 
 
-def _table(console, title: str, rows: list[dict], *, transpose: bool = False) -> None:
-    """A report table; ``transpose`` with few slices turns it on its side (one row per metric) to fit a terminal."""
-    from rich.table import Table
-
-    if not rows:
-        console.print(f"[dim]{title}: nothing yet[/]")
-        return
-
-    def fmt(v) -> str:
-        return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    key = next(iter(rows[0]))
-    t = Table(title=title, title_justify="left")
-    if transpose and len(rows) <= 3:
-        t.add_column(key)
-        for r in rows:
-            t.add_column(fmt(r[key]), overflow="fold")
-        for metric in list(rows[0])[1:]:
-            t.add_row(metric, *(fmt(r.get(metric)) for r in rows))
-    else:
-        for col in rows[0]:
-            t.add_column(str(col), overflow="fold")
-        for r in rows:
-            t.add_row(*(fmt(v) for v in r.values()))
-    console.print(t)
-
-
 def _print_report(console, rep: DemoReport, manifest: dict, report: dict) -> None:
-    _table(console, f"Outcomes by policy version (run {rep.run_id})", report["summary"], transpose=True)
-    _table(console, "Behaviour", report["behaviour"], transpose=True)
-    _table(console, "Exclusions by reason", report["exclusions"])
+    from learner.analyze_cli import print_table
+
+    print_table(console, f"Outcomes by policy version (run {rep.run_id})", report["summary"], transpose=True)
+    print_table(console, "Behaviour", report["behaviour"], transpose=True)
+    print_table(console, "Exclusions by reason", report["exclusions"])
     c = manifest["counts"]
     console.print(f"[bold]veRL shard[/] {rep.shard}: {rep.samples} samples from {c['rollouts_exported']} rollouts, "
                   f"{c['groups']} groups ({c['all_equal_groups']} with all-equal rewards: zero advantage), "

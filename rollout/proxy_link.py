@@ -59,12 +59,23 @@ class AdminClient:
         return self._req("POST", "/admin/policy_versions", json={"id": id, "model_name": model_name,
                                                                   "activate": activate, **fields})
 
-    def models(self) -> list[str]:
-        r = self._http.get("/v1/models")
-        return [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-
     def close(self) -> None:
         self._http.close()
+
+
+def served_models(upstream: str) -> list[str]:
+    """The model ids an OpenAI-compatible server lists at /v1/models (``upstream`` with or without /v1)."""
+    root = upstream.rstrip("/").removesuffix("/v1")
+    try:
+        r = httpx.get(f"{root}/v1/models", timeout=10)
+        r.raise_for_status()
+        models = [m["id"] for m in r.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ProxyUnavailable(f"{root}/v1/models did not answer with a model list ({type(exc).__name__}: {exc}); "
+                               f"is the inference server running at that address?") from None
+    if not models:
+        raise ProxyUnavailable(f"{root}/v1/models lists no model: the server has nothing loaded")
+    return models
 
 
 class EmbeddedProxy:
