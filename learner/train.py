@@ -60,27 +60,29 @@ def shard_samples(shard: Path) -> tuple[dict, list[dict]]:
     return manifest, rows
 
 
-def base_checkpoint(store: Store, policies: list[str], base: Path | None) -> tuple[str | None, Path]:
-    """The checkpoint the shard's samples came from: ``base`` if given, else the policy version's checkpoint_id."""
+def base_checkpoint(store: Store, policies: list[str], base: Path | None) -> tuple[dict, Path]:
+    """The parent policy version's row (empty if the shard mixes versions) and the checkpoint to update: ``base``
+    if given, else the folder the parent's checkpoint_id names."""
     parent = policies[0] if len(policies) == 1 else None
+    row = next((r for r in store.lineage("policy_versions") if r["id"] == parent), {}) if parent else {}
     if base is not None:
-        return parent, base
-    if len(policies) != 1:
+        return row, base
+    if parent is None:
         raise TrainError(f"the shard mixes policy versions {policies}; pass --base MODEL_DIR to say which checkpoint "
                          f"to update")
-    rows = [r for r in store.lineage("policy_versions") if r["id"] == parent]
-    path = Path(rows[0]["checkpoint_id"]) if rows and rows[0].get("checkpoint_id") else None
+    path = Path(row["checkpoint_id"]) if row.get("checkpoint_id") else None
     if path is None or not (path / "config.json").is_file():
         raise TrainError(f"policy version {parent!r} has no checkpoint folder on this machine (checkpoint_id "
-                         f"{rows[0].get('checkpoint_id') if rows else None!r}); pass --base MODEL_DIR")
-    return parent, path
+                         f"{row.get('checkpoint_id')!r}); pass --base MODEL_DIR")
+    return row, path
 
 
 def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | None = None, lr: float = 1e-5,
           policy_id: str | None = None, timeout_s: float = 3600) -> TrainResult:
     manifest, rows = shard_samples(shard)
     policies = sorted({r["policy_version_id"] for r in rows if r.get("policy_version_id")})
-    parent, base_dir = base_checkpoint(store, policies, base)
+    parent_row, base_dir = base_checkpoint(store, policies, base)
+    parent = parent_row.get("id") or (policies[0] if len(policies) == 1 else None)
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for r in rows:
             f.write(json.dumps({k: r[k] for k in ("prompt_ids", "response_ids", "response_mask", "response_logprobs",
@@ -95,7 +97,6 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     if proc.returncode != 0:
         raise TrainError(f"the train step failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     step = json.loads(proc.stdout.strip().splitlines()[-1])
-    parent_row = next((r for r in store.lineage("policy_versions") if r["id"] == parent), {}) if parent else {}
     global_step = int(parent_row.get("global_step") or 0) + 1
     pid = policy_id or f"{(parent or 'policy')}-step{global_step}-{step['checkpoint_sha256'][:8]}"
     store.register_policy_version(

@@ -71,6 +71,7 @@ def test_isolation_from_network_host_and_other_rollouts(backend, forge):
     assert probe["write_usr"][0] == "error" and probe["uid"] == ["ok", 1000], probe
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="privileges are dropped only when the orchestrator runs as root")
 def test_sandbox_user_cannot_read_root_owned_files_even_if_mounted(backend, shared_tmp):
     secret = shared_tmp / "host-secret"
     secret.write_text("token")
@@ -80,8 +81,7 @@ def test_sandbox_user_cannot_read_root_owned_files_even_if_mounted(backend, shar
         r = backend.exec(sb, ["cat", "/opt/secret"])
     finally:
         backend.destroy(sb)
-    if os.geteuid() == 0:
-        assert r.exit_code != 0 and b"Permission denied" in r.stderr, r
+    assert r.exit_code != 0 and b"Permission denied" in r.stderr, r
 
 
 def test_phase_mounts_visible_only_in_their_phase_and_strays_killed(backend, shared_tmp):

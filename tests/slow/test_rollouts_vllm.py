@@ -26,7 +26,7 @@ def test_react_group_on_real_vllm(vllm_server, shared_tmp):
         summary = f.orchestrator(react, model=model, group_size=2, concurrency=2, max_turns=3).run(
             [load_task(EXAMPLES / "files-dedupe-mailing-list")])
         assert f.store.flush(30)
-        assert sorted(r.outcome for r in summary.results) != [] and summary.groups_complete == 1
+        assert len(summary.results) == 2 and summary.groups_complete == 1
         for ro in f.store.iter_rollouts(RolloutFilter(run_id=summary.run_id)):
             assert ro.outcome in ("success", "failure", "harness_error"), (ro.outcome, ro.outcome_detail)
             assert ro.policy_version_id == "smollm2-base"
