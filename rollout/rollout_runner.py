@@ -132,7 +132,7 @@ class RolloutRunner:
                 return res
             sandbox = self.backend.create(spec)
             res.sandbox_start_ms = sandbox.started_ms
-            info = {k: v for k, v in self.backend.describe(sandbox).items() if k != "events"}
+            info = self.backend.describe(sandbox)
             res.extra["describe"] = info
             self._event(rid, "sandbox.created", info)
             for svc in services:
@@ -204,11 +204,11 @@ class RolloutRunner:
     def _final_state(self, rid: str, sandbox, res: RolloutResult) -> None:
         """What the backend knows only once phases ran (a pod's image digest, node, events), kept before destroy."""
         try:
-            final = dict(self.backend.describe(sandbox))
+            final, events = self.backend.describe(sandbox), self.backend.events(sandbox)
         except SandboxError as exc:
             self._event(rid, "sandbox.describe_failed", {"message": str(exc), "kind": exc.kind})
             return
-        for ev in final.pop("events", None) or []:
+        for ev in events:
             self.store.add_event(f"pod.{ev.get('reason') or 'event'}", source=ev.get("source") or self.backend.name,
                                  rollout_id=rid, detail=ev)
         res.extra["describe"] = {**res.extra.get("describe", {}), **{k: v for k, v in final.items() if v is not None}}

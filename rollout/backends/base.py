@@ -149,6 +149,9 @@ class SandboxBackend(Protocol):
     def logs(self, sandbox: Sandbox) -> str:
         """What the sandbox printed outside phases (backend diagnostics, service output)."""
 
+    def events(self, sandbox: Sandbox) -> list[dict]:
+        """What the platform reported about the sandbox (pod events), each with time, reason, message, source."""
+
     def describe(self, sandbox: Sandbox) -> dict:
         """Facts for the lineage store: image_ref, image_digest, node, pod / pid, backend version."""
 

@@ -162,6 +162,9 @@ class LocalBackend:
             parts.append(log.read_text(errors="replace"))
         return "".join(parts)
 
+    def events(self, sandbox: Sandbox) -> list[dict]:
+        return []   # no platform between us and the sandbox: what happens is recorded by the orchestrator itself
+
     def describe(self, sandbox: Sandbox) -> dict:
         proc = sandbox.backend_state.get("proc")
         return {"backend": self.name, "sandbox_id": sandbox.id, "pid": proc.pid if proc else None,

@@ -74,7 +74,7 @@ def test_a_rollout_runs_end_to_end(backend, tmp_path):
         assert json.loads(verifier.outputs[REWARD]) == {"reward": 1}
         d = backend.describe(sb)
         assert d["image_digest"] and d["node_name"] and any(e["reason"] == "Pulled" or e["reason"] == "Pulling"
-                                                            for e in d["events"])
+                                                            for e in backend.events(sb))
     finally:
         backend.destroy(sb)
 

@@ -217,8 +217,7 @@ class KubernetesBackend:
                 "pod_name": st["pod"], "node_name": (pod.get("spec") or {}).get("nodeName"),
                 "image_ref": st["image_ref"], "image": st["image"], "image_digest": digest,
                 "image_ids": {n: cs.get("imageID") for n, cs in classify.statuses(pod).items()},
-                "pod_phase": (pod.get("status") or {}).get("phase"), "killed": st.get("killed"),
-                "events": self.events(sandbox)}
+                "pod_phase": (pod.get("status") or {}).get("phase"), "killed": st.get("killed")}
 
     # --- removal
     def _delete(self, resource: str, fn, name: str) -> bool:
