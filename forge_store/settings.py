@@ -77,7 +77,9 @@ class Settings(BaseSettings):
         description="Installs that sandboxes see read-only (npm harnesses, the mini-swe-agent venv). Default: "
         "/var/cache/openforge as root (bubblewrap runs as nobody and cannot enter /root), else ~/.cache/openforge.",
     )
-    sandbox_dir: Path | None = Field(default=None, description="Local sandboxes' folders. Default: HOME/sandboxes.")
+    sandbox_dir: Path | None = Field(
+        default=None, description="Local sandboxes' folders. Default: /var/tmp/openforge/sandboxes as root (bubblewrap "
+        "runs as nobody, which must reach it; a checkout under /root is private), else HOME/sandboxes.")
     vllm_cpu_cache: Path | None = Field(
         default=None, description="vLLM CPU environment and SmolLM2 model for `openforge demo` / `openforge train`. "
         "Default: ~/.cache/openforge/vllm-cpu.")
@@ -90,7 +92,11 @@ class Settings(BaseSettings):
         return Path("/var/cache/openforge") if os.geteuid() == 0 else Path.home() / ".cache" / "openforge"
 
     def resolved_sandbox_dir(self) -> Path:
-        return (self.sandbox_dir or self.home / "sandboxes").resolve()
+        import os
+
+        if self.sandbox_dir:
+            return self.sandbox_dir.resolve()
+        return Path("/var/tmp/openforge/sandboxes") if os.geteuid() == 0 else (self.home / "sandboxes").resolve()
 
     def resolved_store_url(self) -> str:
         return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"

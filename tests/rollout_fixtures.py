@@ -86,7 +86,7 @@ class Forge:
         return summary
 
     def sandboxes(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def make_forge(up, shared_tmp: Path, store_url: str | None = None) -> Forge:

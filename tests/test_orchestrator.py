@@ -286,3 +286,22 @@ def test_backpressure_reads_proxy_in_flight_and_the_upstream_queue(forge):
     assert bp.blocked() == "proxy in-flight calls 1 >= 1"
     t.join(10)
     assert bp.blocked() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="privileges are dropped only when the orchestrator runs as root")
+def test_a_task_in_a_private_folder_runs_and_private_files_stay_private(forge, shared_tmp):
+    """A checkout under /root or mktemp -d is not searchable by the sandbox user: its task folders and the package's
+    own in-sandbox scripts are copied where that user can bind them, without widening any file's permissions."""
+    private = shared_tmp / "private"
+    d = write_task(private, "priv", test_sh=ANSWER_TEST, solve_sh="cat /environment/data.txt > answer.txt; "
+                   "cat /environment/secret.txt >> answer.txt 2>/dev/null; true")
+    (d / "environment").mkdir()
+    (d / "environment" / "data.txt").write_text("42")
+    (d / "environment" / "secret.txt").write_text("not for the sandbox")
+    os.chmod(d / "environment", 0o755)
+    os.chmod(d / "environment" / "data.txt", 0o644)
+    os.chmod(d / "environment" / "secret.txt", 0o600)
+    os.chmod(private, 0o700)
+    summary = forge.run([load_task(d)], "oracle")
+    (res,) = summary.results
+    assert res.outcome == "success", (res.outcome, res.detail)      # data.txt read; secret.txt refused

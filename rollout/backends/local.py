@@ -18,6 +18,7 @@ file-size limit applies per process (RLIMIT_FSIZE).
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import json
 import os
@@ -67,6 +68,12 @@ class LocalBackend:
         self.proxy_port = proxy_port
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
+        if self.run_as is not None and not _reachable(self.root, read=False):
+            raise SandboxError(f"sandbox folder {self.root}: the unprivileged sandbox user cannot reach it (a folder "
+                               f"above it is not searchable by others, e.g. a private /root or mktemp checkout); set "
+                               f"OPENFORGE_SANDBOX_DIR to a folder such as /var/tmp/openforge/sandboxes",
+                               kind="sandbox_setup")
+        self._files = self.root / ".files"       # copies of single files the sandbox user could not reach
         self._ids = itertools.count(1)
 
     # --- interface -----------------------------------------------------------------------------------------
@@ -233,7 +240,7 @@ class LocalBackend:
                                     f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         (etc / "group").write_text(f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
         (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
-        init_src = Path(__file__).with_name("sandbox_init.py")
+        init_src = self._visible_file(Path(__file__).with_name("sandbox_init.py"))
         a = [self.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
              "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--clearenv",
              "--ro-bind", "/usr", "/usr"]
@@ -248,9 +255,14 @@ class LocalBackend:
               "--dir", "/var/tmp", "--bind", str(ws), spec.workdir, "--bind", str(home), SANDBOX_HOME,
               "--ro-bind", str(init_src), INIT_PATH]
         if spec.environment_dir is not None:
-            a += ["--ro-bind", str(spec.environment_dir), "/environment"]
+            env_dir = spec.environment_dir
+            if self.run_as is not None and not _reachable(env_dir):
+                env_dir = d / "environment"          # a task in a private folder: this rollout gets a copy
+                shutil.copytree(spec.environment_dir, env_dir, symlinks=True)
+                _searchable_dirs(env_dir)
+            a += ["--ro-bind", str(env_dir), "/environment"]
         for m in spec.mounts:
-            a += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
+            a += ["--bind" if m.writable else "--ro-bind", str(self._visible(m.source)), m.target]
         for i, m in enumerate(_phase_mounts(spec)):
             stage = d / "stage" / str(i)
             stage.mkdir(parents=True)
@@ -268,6 +280,34 @@ class LocalBackend:
             a += ["--bridge-port", str(self.proxy_port), "--bridge-socket", PROXY_SOCKET]
         return a, fd, parent
 
+    def _visible(self, source: Path) -> Path:
+        """``source`` as the sandbox user can bind it: as is when reachable, a copy for a file, else an error."""
+        if self.run_as is None or _reachable(source):
+            return source
+        if Path(source).is_file():
+            return self._visible_file(source)
+        raise SandboxError(f"mount source {source}: the unprivileged sandbox user cannot reach it (a folder above it is "
+                           f"private); install it under a world-readable folder (as root the harness installs go to "
+                           f"/var/cache/openforge, OPENFORGE_CACHE_DIR)", kind="sandbox_setup")
+
+    def _visible_file(self, source: Path) -> Path:
+        """A file others may read whose folder is private gets a copy under the sandbox root; any other file is
+        bound as it is (a private file stays private: copying must never widen who can read it)."""
+        if self.run_as is None or _reachable(source) or not source.stat().st_mode & 0o004:
+            return source
+        st = source.stat()
+        key = hashlib.sha256(f"{source.resolve()}|{st.st_mtime_ns}|{st.st_size}".encode()).hexdigest()[:16]
+        copy = self._files / key / source.name
+        if not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self._files, 0o755)
+            os.chmod(copy.parent, 0o755)
+            tmp = copy.with_name(copy.name + f".{os.getpid()}.{threading.get_ident()}")
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, copy)
+        return copy
+
     def _stage(self, sandbox: Sandbox, phase: Phase) -> list[Path]:
         """Fill this phase's staging folders; they were bind-mounted (empty) when the sandbox was created."""
         st, staged = sandbox.backend_state, []
@@ -276,6 +316,8 @@ class LocalBackend:
             stage = Path(st["dir"]) / "stage" / str(targets[m.target])
             if m.source is not None and Path(m.source).is_dir():
                 shutil.copytree(m.source, stage, symlinks=True, dirs_exist_ok=True)
+                if self.run_as is not None and not m.writable:
+                    _searchable_dirs(stage)
             if m.writable:
                 self._own(stage)
             staged.append(stage)
@@ -341,6 +383,30 @@ class LocalBackend:
     def _backend_log(self, sandbox: Sandbox) -> str:
         log = Path(sandbox.backend_state["dir"]) / "backend.log"
         return log.read_text(errors="replace") if log.exists() else ""
+
+
+def _searchable_dirs(root: Path) -> None:
+    """Let others search the folders of a root-made copy. File modes are kept: a file the task made private stays
+    unreadable to the sandbox user, as it would be in place."""
+    for p in [root, *root.rglob("*")]:
+        if p.is_dir() and not p.is_symlink():
+            os.chmod(p, p.stat().st_mode | 0o055)
+
+
+def _reachable(path: Path, *, read: bool = True) -> bool:
+    """Can a user who is neither owner nor group (``nobody``) reach ``path``: every folder above it searchable by
+    others, and (``read``) the path itself readable, and for a folder searchable, by others."""
+    p = Path(path).resolve()
+    try:
+        for parent in reversed(p.parents):
+            if not parent.stat().st_mode & 0o001:
+                return False
+        mode = p.stat().st_mode
+    except OSError:
+        return False
+    if not read:
+        return True
+    return bool(mode & 0o004) and (not p.is_dir() or bool(mode & 0o001))
 
 
 def _phase_mounts(spec: SandboxSpec) -> list:
