@@ -9,15 +9,34 @@ says a rule fired.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-RULES: dict[str, re.Pattern] = {
-    "api_keys": re.compile(
+
+@dataclass(frozen=True)
+class Rule:
+    """A pattern, and ``triggers``: literal text (or a pattern that starts with a literal) of which every match
+    contains at least one, compared case-folded with ``fold``. A pattern that starts with ``\\b`` or ``(?i)`` is
+    tried at every position of a string (~300 us for the API-key rule on an 8 KB prompt); a literal is found by a
+    fast scan (~4 us per 8 KB), so the pattern runs only on text where a trigger occurs."""
+
+    pattern: re.Pattern
+    triggers: tuple[str | re.Pattern, ...]
+    fold: bool = False
+
+    def may_match(self, value: str, folded: str | None) -> bool:
+        text = folded if self.fold else value
+        return any(t in text if isinstance(t, str) else t.search(text) for t in self.triggers)
+
+
+RULES: dict[str, Rule] = {
+    "api_keys": Rule(re.compile(
         r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|xox[abpr]-[A-Za-z0-9-]{10,}"
         r"|AIza[0-9A-Za-z_-]{35})"
-    ),
-    "bearer_tokens": re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}"),
-    "private_keys": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-    "emails": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+    ), ("sk-", "AKIA", "AIza", "xox", re.compile(r"gh[pousr]_"))),
+    "bearer_tokens": Rule(re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}"), ("bearer",), fold=True),
+    "private_keys": Rule(re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
+                         ("-----BEGIN ",)),
+    "emails": Rule(re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), ("@",)),
 }
 
 
@@ -27,15 +46,17 @@ class Redactor:
         if unknown:
             raise ValueError(f"redaction rule(s) {unknown} unknown: choose from {', '.join(RULES)}")
         self.rules = [(n, RULES[n]) for n in rule_names]
+        self._fold = any(RULES[n].fold for n in rule_names)
 
     def apply(self, value, hits: set[str]):
         """``value`` with every match replaced (a copy only where something changed); rule names go into ``hits``."""
         if not self.rules:
             return value
         if isinstance(value, str):
-            for name, rx in self.rules:
-                if rx.search(value):
-                    value = rx.sub(f"[REDACTED:{name}]", value)
+            folded = value.lower() if self._fold else None
+            for name, rule in self.rules:
+                if rule.may_match(value, folded) and rule.pattern.search(value):
+                    value = rule.pattern.sub(f"[REDACTED:{name}]", value)
                     hits.add(name)
             return value
         if isinstance(value, dict):

@@ -1,0 +1,84 @@
+"""Redaction: the literal prefilter in front of each rule never changes what the rule's pattern alone would do."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from proxy.redaction import RULES, Redactor
+
+SECRETS = [
+    "sk-" + "A1b2C3d4E5f6G7h8I9j0K",
+    "sk-proj-" + "x" * 30,
+    "sk-ant-api03-" + "Z9" * 12,
+    "AKIA" + "ABCDEFGHIJKLMNOP",
+    "ghp_" + "a" * 36, "gho_" + "B" * 40, "ghs_" + "9" * 36,
+    "xoxb-" + "1234567890-abc", "xoxp-" + "q" * 12,
+    "AIza" + "S" * 35,
+    "Bearer abcdefghijklmnop.qrs", "BEARER " + "t" * 20, "bEaReR\t" + "u" * 16,
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
+    "-----BEGIN PRIVATE KEY-----abc-----END PRIVATE KEY-----",
+    "someone@example.com", "a.b+c@mail.example.org",
+]
+NEAR_MISSES = ["sk-short", "ask-" + "a" * 25, "AKIAlower", "ghx_" + "a" * 36, "xoxz-" + "1" * 12, "bearer short",
+               "-----BEGIN PUBLIC KEY-----x-----END PUBLIC KEY-----", "user@localhost", "@", "gh", "sk", "xox",
+               "x" + "AIza" + "S" * 35, "_sk-" + "A" * 22, "lorem ipsum dolor sit amet"]
+
+
+def naive(rules: list[str], text: str) -> tuple[str, set[str]]:
+    hits = set()
+    for name in rules:
+        rx = RULES[name].pattern
+        if rx.search(text):
+            text = rx.sub(f"[REDACTED:{name}]", text)
+            hits.add(name)
+    return text, hits
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prefilter_agrees_with_the_patterns(seed):
+    rng = random.Random(seed)
+    names = list(RULES)
+    redactor = Redactor(names)
+    filler = "lorem ipsum dolor sit amet, consectetur_adipiscing-elit; x = y(z) # " * 20
+    for _ in range(50):
+        parts = [filler[rng.randrange(len(filler)):][: rng.randrange(200)]]
+        for _ in range(rng.randrange(4)):
+            parts.append(rng.choice(SECRETS + NEAR_MISSES))
+            parts.append(rng.choice([" ", "\n", "-", "_", "", ".", "x", "=", "/"]))
+        text = "".join(parts)
+        hits: set[str] = set()
+        assert (redactor.apply(text, hits), hits) == naive(names, text), text
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+def test_every_rule_fires_on_its_secrets(secret):
+    hits: set[str] = set()
+    out = Redactor(list(RULES)).apply({"messages": [{"content": f"use {secret} now"}]}, hits)
+    assert hits and "[REDACTED:" in out["messages"][0]["content"]
+    assert secret not in out["messages"][0]["content"]
+
+
+def test_the_prefilter_skips_the_patterns_on_text_without_triggers(monkeypatch):
+    """The point of the prefilter: on ordinary text no pattern runs at all."""
+    calls = []
+
+    class Spy:
+        def __init__(self, rx):
+            self.rx = rx
+
+        def search(self, text):
+            calls.append(self.rx.pattern)
+            return self.rx.search(text)
+
+        def sub(self, *args):
+            return self.rx.sub(*args)
+
+    redactor = Redactor(list(RULES))
+    redactor.rules = [(n, type(r)(Spy(r.pattern), r.triggers, r.fold)) for n, r in redactor.rules]
+    hits: set[str] = set()
+    redactor.apply("lorem ipsum dolor sit amet " * 300, hits)
+    assert calls == [] and hits == set()
+    redactor.apply("mail me at someone@example.com", hits)
+    assert len(calls) == 1 and hits == {"emails"}
