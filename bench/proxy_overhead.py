@@ -114,7 +114,7 @@ def main() -> None:
     sizes = {1: 100, 16: 800, 64: 1600} if not args.quick else {1: 40, 16: 200, 64: 400}
 
     tmp = Path(tempfile.mkdtemp(prefix="of-bench-proxy-"))
-    up_port, px_port = free_port(), free_port()
+    up_port, px_port, pt_port = free_port(), free_port(), free_port()
     env = {**os.environ, "OPENFORGE_HOME": str(tmp / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN,
            "PYTHONPATH": str(ROOT)}
     upstream = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)],
@@ -123,41 +123,50 @@ def main() -> None:
                               f"http://127.0.0.1:{up_port}", "--port", str(px_port),
                               "--store", f"sqlite:///{tmp / 'store.sqlite'}"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    passthrough = subprocess.Popen([sys.executable, str(ROOT / "bench" / "passthrough_proxy.py"), "--upstream",
+                                    f"http://127.0.0.1:{up_port}", "--port", str(pt_port)],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
+    bare = f"http://127.0.0.1:{pt_port}"
     try:
         wait_up(direct + "/health", upstream, "upstream double")
         wait_up(proxied + "/health", proxy, "proxy")
+        wait_up(bare + "/health", passthrough, "pass-through proxy")
         httpx.post(direct + "/_scripted/script", json={"replace": True, "steps": [
             {"delay": 0.020, "times": None, "then": {"text": "Sure, done.", "times": None}}]})
         admin = {"Authorization": f"Bearer {ADMIN}"}
         tokens = [httpx.post(proxied + "/admin/rollouts", json={"rollout_id": f"bench-{k}"}, headers=admin).json()["token"]
                   for k in range(64)]
-        results, cpu, recorded = {}, 0.0, 0
+        results, cpu, bare_cpu, recorded = {}, 0.0, 0.0, 0
         for stream in (False, True):
             for c, n in sizes.items():
                 label = f"c{c}{'_stream' if stream else ''}"
                 console.print(f"[dim]{label}: {n} requests direct, then proxied[/]")
                 d = asyncio.run(run_load(direct, tokens, c, n, stream))
+                b0 = cpu_seconds(passthrough.pid)
+                b = asyncio.run(run_load(bare, tokens, c, n, stream))
+                bare_cpu += cpu_seconds(passthrough.pid) - b0
                 c0 = cpu_seconds(proxy.pid)
                 p = asyncio.run(run_load(proxied, tokens, c, n, stream))
                 cpu += cpu_seconds(proxy.pid) - c0
                 recorded += n + 8 * c
-                results[label] = {"direct": d, "proxied": p}
+                results[label] = {"direct": d, "bare": b, "proxied": p}
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
-        proxy.terminate()
-        upstream.terminate()
-        proxy.wait(30)
-        upstream.wait(30)
+        for proc in (proxy, passthrough, upstream):
+            proc.terminate()
+        for proc in (proxy, passthrough, upstream):
+            proc.wait(30)
 
     table = Table(title="recording proxy vs direct (ms, requests/s)")
-    for col in ("load", "direct p50", "proxied p50", "added p50", "direct p99", "proxied p99", "direct rps",
-                "proxied rps", "ratio"):
+    for col in ("load", "direct p50", "added p50", "bare added p50", "direct p99", "added p99", "bare added p99",
+                "direct rps", "proxied rps", "ratio", "bare ratio"):
         table.add_column(col, justify="right")
     for label, r in results.items():
-        d, p = r["direct"], r["proxied"]
-        table.add_row(label, f"{d['p50']:.2f}", f"{p['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{d['p99']:.2f}",
-                      f"{p['p99']:.2f}", f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}")
+        d, p, b = r["direct"], r["proxied"], r["bare"]
+        table.add_row(label, f"{d['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{b['p50'] - d['p50']:.2f}",
+                      f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}", f"{b['p99'] - d['p99']:.2f}",
+                      f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}", f"{b['rps'] / d['rps']:.2f}")
     console.print(table)
 
     def added(label, q):
@@ -175,7 +184,13 @@ def main() -> None:
                                              / results["c64_stream"]["direct"]["rps"], 3),
         "direct_rps_c64": round(results["c64"]["direct"]["rps"], 1),
         "proxied_rps_c64": round(results["c64"]["proxied"]["rps"], 1),
+        "bare_added_p50_ms_c1": round(results["c1"]["bare"]["p50"] - results["c1"]["direct"]["p50"], 3),
+        "bare_added_p50_ms_c16": round(results["c16"]["bare"]["p50"] - results["c16"]["direct"]["p50"], 3),
+        "bare_throughput_ratio_c64": round(results["c64"]["bare"]["rps"] / results["c64"]["direct"]["rps"], 3),
+        "bare_throughput_ratio_c64_stream": round(results["c64_stream"]["bare"]["rps"]
+                                                  / results["c64_stream"]["direct"]["rps"], 3),
         "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
+        "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3),
         "store_dead_letters": stored.get("dead_letters"),
     }
     print(json.dumps(out))

@@ -2,9 +2,10 @@
 
 Harness routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (OpenAI Responses),
 ``/v1/messages`` and ``/v1/messages/count_tokens`` (Anthropic), ``/v1/models``, also under ``/r/{token}/v1/...``
-for harnesses that cannot set an API key; errors take the shape of the API the route speaks. Operator routes:
-``/health``, ``/metrics``, and ``/admin/*`` (bearer admin token): register/end rollouts, record and switch policy
-versions, pause/drain/resume.
+for harnesses that cannot set an API key; errors take the shape of the API the route speaks. The four model-call
+routes are served by ``proxy.asgi.ProxyApp`` without the framework (the hot path); the rest by FastAPI. Operator
+routes: ``/health``, ``/metrics``, and ``/admin/*`` (bearer admin token): register/end rollouts, record and switch
+policy versions, pause/drain/resume.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from forge_store import InvalidRecord, NotFound, Store
 
 from . import anthropic_messages, messages_answer, openai_chat, openai_completions, openai_responses
 from .adapters import ChatShaped
+from .asgi import ProxyApp
 from .errors import ProxyError
 from .service import ProxyService, parse_json, read_body
 
@@ -87,7 +89,7 @@ def _is_messages(path: str) -> bool:
 
 
 def create_app(service: ProxyService, *, admin_token: str, responses_mode: str = "translate",
-               messages_mode: str = "translate") -> FastAPI:
+               messages_mode: str = "translate") -> ProxyApp:
     """``responses_mode`` / ``messages_mode``: "translate" (to upstream chat completions, token-exact) or "native"."""
     store: Store = service.store
     registry = service.registry
@@ -119,22 +121,6 @@ def create_app(service: ProxyService, *, admin_token: str, responses_mode: str =
                                        "param": None, "code": "invalid_admin_request"}}, status_code=422)
 
     # ---- harness routes ----------------------------------------------------------------------------------
-    @app.post("/v1/chat/completions")
-    async def chat_route(request: Request):
-        return await service.call(request, chat, _token_from_headers(request))
-
-    @app.post("/v1/completions")
-    async def completions_route(request: Request):
-        return await service.call(request, completions, _token_from_headers(request))
-
-    @app.post("/v1/responses")
-    async def responses_route(request: Request):
-        return await service.call(request, responses, _token_from_headers(request))
-
-    @app.post("/v1/messages")
-    async def messages_route(request: Request):
-        return await service.call(request, messages, _token_from_headers(request))
-
     @app.post("/v1/messages/count_tokens")
     async def count_tokens_route(request: Request):
         return await count_tokens(request, _token_from_headers(request))
@@ -158,29 +144,14 @@ def create_app(service: ProxyService, *, admin_token: str, responses_mode: str =
         ans = await service.upstream.request("GET", "/v1/models")
         return Response(ans.body, status_code=ans.status, media_type=ans.content_type or "application/json")
 
-    @app.post("/r/{token}/v1/chat/completions")
-    async def chat_path(token: str, request: Request):
-        return await service.call(request, chat, token)
-
-    @app.post("/r/{token}/v1/completions")
-    async def completions_path(token: str, request: Request):
-        return await service.call(request, completions, token)
-
-    @app.post("/r/{token}/v1/responses")
-    async def responses_path(token: str, request: Request):
-        return await service.call(request, responses, token)
-
-    @app.post("/r/{token}/v1/messages")
-    async def messages_path(token: str, request: Request):
-        return await service.call(request, messages, token)
-
     @app.post("/r/{token}/v1/messages/count_tokens")
     async def count_tokens_path(token: str, request: Request):
         return await count_tokens(request, token)
 
     async def count_tokens(request: Request, token: str | None):
         await registry.authorize(token)
-        return await messages.count_tokens(service.upstream, parse_json(await read_body(request, service.max_body)))
+        raw = await read_body(request.receive, request.headers.get("content-length"), service.max_body)
+        return await messages.count_tokens(service.upstream, parse_json(raw))
 
     @app.get("/r/{token}/v1/models")
     async def models_path(token: str):
@@ -269,7 +240,9 @@ def create_app(service: ProxyService, *, admin_token: str, responses_mode: str =
                 "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect,
                 "responses_mode": responses_mode, "messages_mode": messages_mode}
 
-    return app
+    hot = {"/v1/chat/completions": chat, "/v1/completions": completions, "/v1/responses": responses,
+           "/v1/messages": messages}
+    return ProxyApp(service, hot, app)
 
 
 async def _to_thread(fn, *args, **kwargs):

@@ -45,6 +45,7 @@ class TokenSigner:
         if len(secret) < 16:
             raise ValueError("the rollout token secret must be at least 16 bytes; set OPENFORGE_PROXY_TOKEN_SECRET")
         self._key = secret
+        self._verified: dict[str, tuple[str, int]] = {}  # token -> (rollout id, expiry): one HMAC per token
 
     def _sig(self, payload: str) -> str:
         return _b64(hmac.new(self._key, payload.encode(), hashlib.sha256).digest()[:24])
@@ -56,6 +57,9 @@ class TokenSigner:
 
     def verify(self, token: str) -> str:
         """The rollout id the token was issued for; ProxyError 401 if it is malformed, forged or expired."""
+        known = self._verified.get(token)
+        if known is not None and not (known[1] and time.time() > known[1]):
+            return known[0]
         parts = token.split(".")
         if len(parts) != 4 or parts[0] != PREFIX:
             raise unauthorized("API key is not an OpenForge rollout token: use the token the orchestrator was given "
@@ -70,4 +74,7 @@ class TokenSigner:
             raise unauthorized("rollout token is malformed") from None
         if expires and time.time() > expires:
             raise unauthorized(f"rollout token for {rollout_id!r} expired; ask the orchestrator for a new one")
+        if len(self._verified) >= 65536:
+            self._verified.clear()
+        self._verified[token] = (rollout_id, expires)
         return rollout_id

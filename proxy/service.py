@@ -14,9 +14,10 @@ import logging
 import time
 import uuid
 
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
 import orjson
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 
 from forge_store import CallRecord, InvalidRecord, Store
 from forge_store.hashing import sha256_hex
@@ -32,21 +33,72 @@ from .upstream import Upstream
 
 log = logging.getLogger("proxy")
 JSON = "application/json"
+Receive = Callable[[], Awaitable[dict]]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived: there is no one to answer."""
+
+
+@dataclass(slots=True)
+class CallHeaders:
+    """The request headers a call needs (ASGI gives a list of lower-cased byte pairs; one pass picks these)."""
+
+    token: str | None = None  # Authorization: Bearer ..., else x-api-key
+    content_length: str | None = None
+    user_agent: str | None = None
+
+    @classmethod
+    def from_asgi(cls, raw: list[tuple[bytes, bytes]]) -> CallHeaders:
+        h, api_key = cls(), None
+        for name, value in raw:
+            if name == b"authorization":
+                if value[:7].lower() == b"bearer ":
+                    h.token = value[7:].strip().decode("latin-1") or None
+            elif name == b"x-api-key":
+                api_key = value.decode("latin-1") or None
+            elif name == b"content-length":
+                h.content_length = value.decode("latin-1")
+            elif name == b"user-agent":
+                h.user_agent = value.decode("latin-1")
+        h.token = h.token or api_key
+        return h
+
+
+@dataclass(slots=True)
+class Reply:
+    """A whole answer."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+
+
+@dataclass(slots=True)
+class StreamReply:
+    """An SSE answer: ``chunks`` yields the client's bytes; closing it early records what was sent so far."""
+
+    chunks: AsyncIterator[bytes]
+    status: int = 200
+    content_type: str = "text/event-stream; charset=utf-8"
+
+
+async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The request body from ASGI ``receive``; 413 past ``limit`` bytes (declared or counted)."""
     if declared and declared.isdigit() and int(declared) > limit:
         raise ProxyError(413, f"request body of {int(declared):,} bytes is over the proxy's limit of {limit:,} bytes; "
                               "raise OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        if len(body) + len(chunk) > limit:
             raise ProxyError(413, f"request body is over the proxy's limit of {limit:,} bytes; raise "
                                   "OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body = body + chunk if body else chunk
+    return body
 
 
 def parse_json(raw: bytes) -> dict:
@@ -68,13 +120,14 @@ class ProxyService:
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
         self._background: set[asyncio.Task] = set()
 
-    async def call(self, request: Request, adapter, token: str | None) -> Response:
-        """Serve one model call through ``adapter`` (see ``proxy.adapters`` for the protocol it speaks)."""
+    async def call(self, headers: CallHeaders, receive: Receive, adapter, token: str | None) -> Reply | StreamReply:
+        """Serve one model call through ``adapter`` (see ``proxy.adapters`` for the protocol it speaks). ``token``:
+        from the path (``/r/{token}/...``), else the headers'."""
         t0 = time.perf_counter()
         started = utcnow()
         adapter = as_adapter(adapter)
-        binding = await self.registry.authorize(token)
-        raw = await read_body(request, self.max_body)
+        binding = await self.registry.authorize(token or headers.token)
+        raw = await read_body(receive, headers.content_length, self.max_body)
         body = parse_json(raw)
         adapter.validate(body)
         tr = adapter.translate(body, self.dialect, binding.rollout_id)
@@ -85,7 +138,7 @@ class ProxyService:
         up_body, wants = tr.upstream, tr.wants
         request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         call_id = uuid.uuid4().hex
-        metadata = self._metadata(request, prompt.redactions)
+        metadata = self._metadata(headers, prompt.redactions)
         if tr.notes:
             metadata = {**(metadata or {}), **tr.notes}
         rec = CallRecord(
@@ -112,16 +165,16 @@ class ProxyService:
         return cache.prepare(messages, self.store.put_blob, self.redactor)
 
     @staticmethod
-    def _metadata(request: Request, redactions: set[str]) -> dict | None:
+    def _metadata(headers: CallHeaders, redactions: set[str]) -> dict | None:
         meta = {}
-        if ua := request.headers.get("user-agent"):
-            meta["user_agent"] = ua
+        if headers.user_agent:
+            meta["user_agent"] = headers.user_agent
         if redactions:
             meta["redacted"] = sorted(redactions)
         return meta or None
 
     # ---- one answer -----------------------------------------------------------------------------------------
-    async def _unary(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Response:
+    async def _unary(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Reply:
         try:
             try:
                 ans = await self.upstream.request("POST", adapter.PATH, orjson.dumps(up_body))
@@ -133,7 +186,7 @@ class ProxyService:
                 rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
                 await self._record(rec, t0)
                 body, media_type = adapter.upstream_error(ans.status, ans.body, ans.content_type)
-                return Response(body, status_code=ans.status, media_type=media_type or JSON)
+                return Reply(ans.status, body, media_type or JSON)
             try:
                 data = orjson.loads(ans.body)
             except orjson.JSONDecodeError:
@@ -143,12 +196,12 @@ class ProxyService:
                 raise exc from None
             self._fill(rec, adapter.parse(data))
             await self._record(rec, t0)
-            return Response(orjson.dumps(adapter.answer(data, wants)), media_type=JSON)
+            return Reply(200, orjson.dumps(adapter.answer(data, wants)))
         finally:
             self.registry.leave()
 
     # ---- a stream ---------------------------------------------------------------------------------------------
-    async def _stream(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Response:
+    async def _stream(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Reply | StreamReply:
         try:
             stream = await self.upstream.open_stream(adapter.PATH, orjson.dumps(up_body))
         except UpstreamFailure as exc:
@@ -162,9 +215,8 @@ class ProxyService:
             await self._record(rec, t0)
             self.registry.leave()
             body, media_type = adapter.upstream_error(stream.status, body, stream.content_type)
-            return Response(body, status_code=stream.status, media_type=media_type or JSON)
-        return StreamingResponse(self._relay(stream, adapter.relay(wants), rec, t0),
-                                 media_type="text/event-stream")
+            return Reply(stream.status, body, media_type or JSON)
+        return StreamReply(self._relay(stream, adapter.relay(wants), rec, t0))
 
     async def _relay(self, stream, relay, rec: CallRecord, t0: float):
         recorded = False

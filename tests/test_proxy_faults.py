@@ -135,6 +135,8 @@ def test_client_disconnecting_mid_stream_is_recorded(px):
         time.sleep(0.1)
     (call,) = px.store.calls("r1")
     assert call.error_class == "client_disconnected"
+    # the relay stopped with the client (and closed the upstream stream) instead of reading the answer to its end
+    assert 0 < len(call.completion_token_ids) < 20
 
 
 def test_tokens_are_scoped_to_their_rollout(px):
@@ -162,6 +164,19 @@ def test_expired_token_is_401(px):
     token = px.register("r1", ttl_s=-1)
     with pytest.raises(openai.AuthenticationError, match="expired"):
         px.client(token).chat.completions.create(model="m", messages=USER)
+
+
+def test_a_token_that_worked_stops_working_when_it_expires(px, monkeypatch):
+    """Verified tokens are remembered (one HMAC per token, not per call); the expiry is still checked every call."""
+    import time
+
+    token = px.register("r1", ttl_s=60)
+    px.client(token).chat.completions.create(model="m", messages=USER)
+    later = time.time() + 120
+    monkeypatch.setattr(time, "time", lambda: later)
+    with pytest.raises(openai.AuthenticationError, match="expired"):
+        px.client(token).chat.completions.create(model="m", messages=USER)
+    assert len(px.calls("r1")) == 1
 
 
 def test_tokens_survive_a_proxy_restart(up, tmp_path):
