@@ -12,7 +12,8 @@ and not, it runs a fixed number of requests direct and proxied and compares late
 Prints a table, then as its LAST line one JSON object with (at least):
   added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
   throughput_ratio_c64, throughput_ratio_c64_stream: proxied / direct requests per second
-  cpu_ms_per_call: the proxy process's CPU time per recorded call (all proxied runs together)
+  cpu_ms_per_call: CPU time per recorded call of the proxy and its children (its store drain process), all proxied
+    runs together
 The 2-core machine runs all three processes (plus the store's writer) at once: ratios are pessimistic there.
 
 Usage: python bench/proxy_overhead.py [--quick]
@@ -64,9 +65,18 @@ def wait_up(url: str, proc: subprocess.Popen, what: str) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of ``pid`` and its living descendants (the proxy's store drain process is a child)."""
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                total += sum(cpu_seconds(int(child)) for child in fh.read().split())
+    except FileNotFoundError:
+        pass
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import schema
+from .tokens import compress_packed
 
 TABLES: dict[str, sa.Table] = {
     "task": schema.Task.__table__,
@@ -68,8 +69,11 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
         if kind == "rollout_finish":
             rows[kind].append({**op["r"], "finished_seq": seq})
             continue
-        rows[kind].append({**op["r"], "ingest_seq": seq})
-        if kind == "call":
+        row = {**op["r"], "ingest_seq": seq}
+        rows[kind].append(row)
+        if kind == "call":  # token arrays are journaled raw (cheap for the proxy's loop) and compressed here
+            row["prompt_ids_tail"] = compress_packed(row.get("prompt_ids_tail"))
+            row["completion_ids"] = compress_packed(row.get("completion_ids"))
             for sha, (role, body) in op.get("msgs", {}).items():
                 messages.setdefault(sha, {"sha256": sha, "role": role, "body": body, "size": len(body), "ingest_seq": seq})
             if op.get("tools"):

@@ -144,9 +144,10 @@ class CallEncoder:
             "finish_reason": rec.finish_reason,
             "prompt_ids_base_call_id": ids_base,
             "prompt_ids_prefix_len": ids_prefix,
-            "prompt_ids_tail": pack_ids(prompt_raw[ids_prefix * 4 :]) if prompt_raw is not None else None,
+            "prompt_ids_tail": pack_ids(prompt_raw[ids_prefix * 4 :], compress=False) if prompt_raw is not None else None,
             "n_prompt_tokens": len(prompt_raw) // 4 if prompt_raw is not None else None,
-            "completion_ids": pack_ids(rec.completion_token_ids) if rec.completion_token_ids is not None else None,
+            "completion_ids": (pack_ids(rec.completion_token_ids, compress=False)
+                               if rec.completion_token_ids is not None else None),
             "completion_logprobs": pack_logprobs(rec.completion_logprobs) if rec.completion_logprobs is not None else None,
             "n_completion_tokens": len(rec.completion_token_ids) if rec.completion_token_ids is not None else None,
             "usage": rec.usage,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Journal", "JournalCorrupt", "JournalError", "JournalLocked", "Position"]
+__all__ = ["Journal", "JournalCorrupt", "JournalError", "JournalLocked", "JournalTail", "Position", "write_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,110 @@ def _frames(f, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         if zlib.crc32(payload) != crc:
             raise _Damage(off - _HEADER.size - n, "CRC mismatch", torn=off == end)
         yield off, payload
+
+
+def _segment_numbers(directory: Path) -> list[int]:
+    return sorted(int(p.name[:-4]) for p in directory.glob("*.log") if p.name[:-4].isdigit())
+
+
+def _load_checkpoint(directory: Path) -> Position | None:
+    path = directory / "CHECKPOINT"
+    try:
+        data = json.loads(path.read_text())
+        if data["format"] != _CHECKPOINT_FORMAT:
+            raise ValueError(f"format {data['format']} is not {_CHECKPOINT_FORMAT}")
+        return Position(int(data["segment"]), int(data["offset"]))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        raise JournalCorrupt(
+            f"{path}: unreadable checkpoint ({e}); it must be JSON with format {_CHECKPOINT_FORMAT}, segment and "
+            f"offset. Restore it, or delete it to replay every remaining record."
+        ) from None
+
+
+def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> None:
+    """Atomically save ``pos`` as the journal's checkpoint (a temporary file per process, then a rename)."""
+    path, tmp = directory / "CHECKPOINT", directory / f"CHECKPOINT.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format": _CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _delete_committed(directory: Path, pos: Position, active: int) -> None:
+    """Delete the segments wholly at or before ``pos``, never ``active`` (the one being appended to) or later."""
+    for seg in _segment_numbers(directory):
+        if seg >= active or seg > pos.segment:
+            break
+        seg_path = directory / f"{seg:016d}.log"
+        if seg < pos.segment or os.path.getsize(seg_path) <= pos.offset:
+            seg_path.unlink()
+
+
+class JournalTail:
+    """Reads a journal another process appends to (the proxy's, for the store's drain process); takes no lock.
+
+    ``read`` returns the complete records after the cursor and advances it. A record still being written at the end
+    of the newest segment is left for the next read; a damaged record anywhere else is ``JournalCorrupt``. A segment
+    is finished once a newer one exists (the appender never goes back). ``commit`` saves a checkpoint and deletes
+    segments that lie wholly before it (never the newest).
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.cursor: Position | None = _load_checkpoint(self.directory)
+
+    def read(self, limit: int) -> list[tuple[Position, bytes]]:
+        out: list[tuple[Position, bytes]] = []
+        while len(out) < limit:
+            segs = [n for n in _segment_numbers(self.directory) if self.cursor is None or n >= self.cursor.segment]
+            if not segs:
+                break
+            seg, newest = segs[0], len(segs) == 1
+            start = self.cursor.offset if self.cursor is not None and self.cursor.segment == seg else 0
+            got = self._read_segment(seg, start, limit - len(out), last=newest)
+            out.extend(got)
+            if got:
+                self.cursor = got[-1][0]
+            elif not newest:  # a finished segment, read to its end: on to the next
+                self.cursor = Position(segs[1], 0)
+            if newest:
+                break
+        return out
+
+    def _read_segment(self, seg: int, start: int, limit: int, *, last: bool) -> list[tuple[Position, bytes]]:
+        path = self.directory / f"{seg:016d}.log"
+        out = []
+        try:
+            f = open(path, "rb", buffering=1 << 20)
+        except FileNotFoundError:
+            return out
+        with f:
+            end = os.fstat(f.fileno()).st_size
+            try:
+                for off, payload in _frames(f, min(start, end), end):
+                    out.append((Position(seg, off), payload))
+                    if len(out) >= limit:
+                        break
+            except _Damage as d:
+                if not (last and d.torn):  # a record half-written right now is not damage; anything else is
+                    raise _corrupt(path, d) from None
+        return out
+
+    def commit(self, pos: Position, *, fsync: bool) -> None:
+        write_checkpoint(self.directory, pos, fsync=fsync)
+        segs = _segment_numbers(self.directory)
+        if segs:
+            _delete_committed(self.directory, pos, segs[-1])
 
 
 def _corrupt(path: Path, damage: _Damage) -> JournalCorrupt:
@@ -231,20 +335,12 @@ class Journal:
                 )
             if self._committed is not None and pos <= self._committed:
                 return
-            path, tmp = self.directory / "CHECKPOINT", self.directory / "CHECKPOINT.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"format": _CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
-                f.flush()
-                self._fsync(f.fileno())
-            os.replace(tmp, path)
-            self._fsync_dir()
+            write_checkpoint(self.directory, pos, fsync=self._sync)
+            if self._sync:
+                with self._lock:
+                    self.fsync_count += 2
             self._committed = pos
-            for seg in self._segments():
-                if seg >= active or seg > pos.segment:
-                    break
-                seg_path = self._path(seg)
-                if seg < pos.segment or os.path.getsize(seg_path) <= pos.offset:
-                    seg_path.unlink()
+            _delete_committed(self.directory, pos, active)
 
     def close(self) -> None:
         """Finish queued appends, stop the flusher, release the lock. Idempotent."""
@@ -268,7 +364,7 @@ class Journal:
         return self.directory / f"{seg:016d}.log"
 
     def _segments(self) -> list[int]:
-        return sorted(int(p.name[:-4]) for p in self.directory.glob("*.log") if p.name[:-4].isdigit())
+        return _segment_numbers(self.directory)
 
     def _fsync(self, fd: int) -> None:
         if self._sync:
@@ -304,19 +400,7 @@ class Journal:
         return fd
 
     def _load_checkpoint(self) -> Position | None:
-        path = self.directory / "CHECKPOINT"
-        try:
-            data = json.loads(path.read_text())
-            if data["format"] != _CHECKPOINT_FORMAT:
-                raise ValueError(f"format {data['format']} is not {_CHECKPOINT_FORMAT}")
-            return Position(int(data["segment"]), int(data["offset"]))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError) as e:
-            raise JournalCorrupt(
-                f"{path}: unreadable checkpoint ({e}); it must be JSON with format {_CHECKPOINT_FORMAT}, segment and "
-                f"offset. Restore it, or delete it to replay every remaining record."
-            ) from None
+        return _load_checkpoint(self.directory)
 
     def _recover(self) -> None:
         """Validate every segment, cut a torn tail off the last one, and open the active segment for appending."""

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     journal_dir: Path | None = Field(default=None, description="Journal folder. Default: HOME/journal/<name>.")
     writer_batch_size: int = Field(default=512, ge=1, description="Most journal entries the writer puts in one transaction.")
     writer_linger_s: float = Field(default=0.005, ge=0, description="How long the writer lets a batch gather.")
+    drain_linger_s: float = Field(
+        default=0.05, ge=0, description="How long a drain process (the proxy's database writer) lets a batch gather; "
+        "a flush wakes it at once.")
     writer_retry_max_s: float = Field(default=5.0, gt=0, description="Longest back-off between retries while the database is down.")
     journal_fsync: bool = Field(default=True, description="fsync the journal before acknowledging a write.")
     auto_upgrade: bool = Field(
@@ -51,6 +54,9 @@ class Settings(BaseSettings):
         description="fsync the proxy's journal before answering (survives power loss, costs a disk flush per "
         "call). Off: a call is in the kernel before its answer's last byte, which survives kill -9.",
     )
+    proxy_drain_process: bool = Field(
+        default=True, description="Write the proxy's journal into the database from a child process (its event "
+        "loop then only journals); off: from a thread of the proxy's own process.")
     proxy_redact: list[str] = Field(
         default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys"],
         description="Redaction rules applied to everything the proxy stores (names from proxy.redaction.RULES).",

@@ -38,7 +38,7 @@ from .records import (
     Trajectory,
 )
 from .settings import Settings, get_settings
-from .writer import Writer
+from .writer import ProcessWriter, Writer
 
 log = logging.getLogger("forge_store")
 
@@ -53,13 +53,22 @@ def _check(value, allowed, what: str) -> None:
 
 
 class Store:
-    def __init__(self, engine: sa.Engine, blobs: BlobStore, *, journal: Journal | None, settings: Settings):
+    def __init__(self, engine: sa.Engine, blobs: BlobStore, *, journal: Journal | None, settings: Settings,
+                 drain: str = "thread"):
         self.engine, self.blobs, self.settings = engine, blobs, settings
         self.url = redact_url(engine.url.render_as_string(hide_password=False))
         self._encoder = CallEncoder()
         self._known_blobs: OrderedDict[str, None] = OrderedDict()
         self._writer = None
-        if journal is not None:
+        if drain not in ("thread", "process"):
+            raise ValueError(f"drain={drain!r}: use 'thread' (database writes in this process) or 'process'")
+        if journal is not None and drain == "process":
+            self._writer = ProcessWriter(
+                engine, journal, url=engine.url.render_as_string(hide_password=False),
+                batch_size=settings.writer_batch_size, linger_s=settings.drain_linger_s,
+                retry_max_s=settings.writer_retry_max_s,
+            )
+        elif journal is not None:
             self._writer = Writer(
                 engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s, retry_max_s=settings.writer_retry_max_s,
             )
@@ -81,8 +90,12 @@ class Store:
 
         if self._writer is None:
             await asyncio.to_thread(self._write, op)
+            return
+        fut = self._writer.submit(op)
+        if fut.done():  # journaled in this thread (no fsync): no hop through the loop's self-pipe
+            fut.result()
         else:
-            await asyncio.wrap_future(self._writer.submit(op))
+            await asyncio.wrap_future(fut)
 
     def record_call(self, rec: CallRecord) -> str:
         """Record one model call; returns its id. Recording the same id again leaves one row."""
@@ -287,7 +300,8 @@ class Store:
         if self._writer is None:
             return {"mode": "direct"}
         w = self._writer
-        return {"mode": "journal", "pending_ops": w.pending_ops(), "batches": w.batches, "applied_ops": w.applied_ops,
+        return {"mode": "journal", "drain": "process" if isinstance(w, ProcessWriter) else "thread",
+                "pending_ops": w.pending_ops(), "batches": w.batches, "applied_ops": w.applied_ops,
                 "dead_letters": w.dead_letters,
                 "db_down_s": None if w.db_down_since is None else time.monotonic() - w.db_down_since}
 
@@ -308,10 +322,12 @@ class Store:
 
 
 def open_store(url: str | None = None, *, journal: bool = False, name: str = "default",
-               settings: Settings | None = None, blobs: BlobStore | None = None) -> Store:
+               settings: Settings | None = None, blobs: BlobStore | None = None, drain: str = "thread") -> Store:
     """Open the store at ``url`` (default: the embedded SQLite under ``OPENFORGE_HOME``).
 
-    ``journal=True`` gives a long-running writer its own durable journal (one process per journal ``name``).
+    ``journal=True`` gives a long-running writer its own durable journal (one process per journal ``name``);
+    ``drain="process"`` moves the journal's database writes into a child process (the proxy's choice: its event
+    loop then only journals), ``"thread"`` keeps them in a thread of this process.
     An empty database gets the schema (unless ``auto_upgrade`` is off); any other revision than this code's head
     is an error that says what to run.
     """
@@ -334,4 +350,9 @@ def open_store(url: str | None = None, *, journal: bool = False, name: str = "de
     jr = None
     if journal:
         jr = Journal(Path(settings.resolved_journal_dir(name)), fsync=settings.journal_fsync)
-    return Store(engine, blob_store, journal=jr, settings=settings)
+    try:
+        return Store(engine, blob_store, journal=jr, settings=settings, drain=drain)
+    except BaseException:
+        if jr is not None:
+            jr.close()
+        raise

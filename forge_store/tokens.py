@@ -44,14 +44,20 @@ def bytes_to_ids(raw: bytes) -> list[int]:
     return arr.tolist()
 
 
-def pack_ids(ids) -> bytes:
+def pack_ids(ids, *, compress: bool = True) -> bytes:
+    """Tagged uint32 ids; ``compress=False`` leaves them raw for :func:`compress_packed` to do later (the proxy's
+    event loop journals raw arrays and the store's writer compresses them on the way into the database)."""
     raw = ids if isinstance(ids, (bytes, bytearray, memoryview)) else ids_to_bytes(ids)
-    raw = bytes(raw)
-    if len(raw) >= 256:
-        packed = zlib.compress(raw, 1)
-        if len(packed) <= len(raw) * 3 // 4:
-            return b"Z" + packed
-    return b"I" + raw
+    packed = b"I" + raw
+    return compress_packed(packed) if compress else packed
+
+
+def compress_packed(blob: bytes | None) -> bytes | None:
+    """``blob`` (from :func:`pack_ids`) zlib-compressed where that saves a quarter or more."""
+    if blob is None or blob[:1] != b"I" or len(blob) < 257:
+        return blob
+    packed = zlib.compress(memoryview(blob)[1:], 1)
+    return b"Z" + packed if len(packed) <= (len(blob) - 1) * 3 // 4 else blob
 
 
 def unpack_ids_raw(blob: bytes) -> bytes:

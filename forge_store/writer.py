@@ -16,7 +16,11 @@ Two threads, one lock:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -40,6 +44,50 @@ def encode(op: dict) -> bytes:
 
 def decode(payload: bytes) -> dict:
     return msgpack.unpackb(payload, timestamp=3, raw=False, strict_map_key=False)
+
+
+class BatchApplier:
+    """Applies batches of operations in one transaction each: while the database is unreachable it retries with
+    back-off (``wait(delay)`` sleeps and says whether to go on); an operation the database rejects for good is
+    isolated by halving the batch and kept in ``dead_letter_dir``, so one bad row never blocks or drops the rest."""
+
+    def __init__(self, dead_letter_dir: Path, retry_max_s: float):
+        self.dead_letter_dir, self.retry_max_s = dead_letter_dir, retry_max_s
+        self.db_down_since: float | None = None
+        self.dead_letters = 0
+
+    def apply(self, engine: sa.Engine, ops: list[dict], wait) -> bool:
+        """True once ``ops`` are in the database (or dead-lettered); False if ``wait`` said to give up."""
+        delay = 0.05
+        while True:
+            try:
+                with engine.begin() as conn:
+                    apply_ops(conn, ops)
+                if self.db_down_since is not None:
+                    log.warning("database is back after %.1fs; draining the journal", time.monotonic() - self.db_down_since)
+                    self.db_down_since = None
+                return True
+            except TRANSIENT as exc:
+                if self.db_down_since is None:
+                    self.db_down_since = time.monotonic()
+                    log.warning("database unreachable (%s); writes stay in the journal and will drain", exc.__class__.__name__)
+                if not wait(delay):
+                    return False
+                delay = min(delay * 2, self.retry_max_s)
+            except sa.exc.DBAPIError:
+                if len(ops) == 1:
+                    self._dead_letter(ops[0])
+                    return True
+                mid = len(ops) // 2  # find the poison operation, keep the rest
+                return self.apply(engine, ops[:mid], wait) and self.apply(engine, ops[mid:], wait)
+
+    def _dead_letter(self, op: dict) -> None:
+        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it."""
+        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
+        path.write_bytes(encode(op))
+        self.dead_letters += 1
+        log.error("database rejected a %s write; kept in %s for inspection", op.get("k"), path)
 
 
 class Writer:
@@ -77,13 +125,16 @@ class Writer:
         self._give_up_on_close = False
         self.checkpoint_every_s = 1.0
         self._checkpointed_at = 0.0
-        self.db_down_since: float | None = None
-        self.batches = self.applied_ops = self.dead_letters = 0
-        self._threads = [threading.Thread(target=self._writer, name="forge-store-writer", daemon=True)]
+        self._applier = BatchApplier(self.dead_letter_dir, retry_max_s)
+        self.batches = self.applied_ops = 0
+        self._threads = [self._database_side()]
         if journal.fsync:  # group commit needs its own thread; kernel writes happen in submit()
             self._threads.append(threading.Thread(target=self._journaler, name="forge-store-journaler", daemon=True))
         for t in self._threads:
             t.start()
+
+    def _database_side(self) -> threading.Thread:
+        return threading.Thread(target=self._writer, name="forge-store-writer", daemon=True)
 
     # ---- submit side -------------------------------------------------------------------------------------
     def submit(self, op: dict) -> Future:
@@ -207,38 +258,22 @@ class Writer:
                 self._applied_cv.notify_all()
 
     def _apply_with_retry(self, ops: list[dict]) -> bool:
-        delay = 0.05
-        while True:
-            try:
-                with self.engine.begin() as conn:
-                    apply_ops(conn, ops)
-                if self.db_down_since is not None:
-                    log.warning("database is back after %.1fs; draining the journal", time.monotonic() - self.db_down_since)
-                    self.db_down_since = None
-                return True
-            except TRANSIENT as exc:
-                if self.db_down_since is None:
-                    self.db_down_since = time.monotonic()
-                    log.warning("database unreachable (%s); writes stay in the journal and will drain", exc.__class__.__name__)
-                with self._lock:
-                    if self._closing and self._give_up_on_close:
-                        return False
-                    self._queue_cv.wait(timeout=delay)
-                delay = min(delay * 2, self.retry_max_s)
-            except sa.exc.DBAPIError:
-                if len(ops) == 1:
-                    self._dead_letter(ops[0])
-                    return True
-                mid = len(ops) // 2  # find the poison operation, keep the rest
-                return self._apply_with_retry(ops[:mid]) and self._apply_with_retry(ops[mid:])
+        def wait(delay: float) -> bool:
+            with self._lock:
+                if self._closing and self._give_up_on_close:
+                    return False
+                self._queue_cv.wait(timeout=delay)
+            return True
 
-    def _dead_letter(self, op: dict) -> None:
-        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it."""
-        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
-        path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
-        path.write_bytes(encode(op))
-        self.dead_letters += 1
-        log.error("database rejected a %s write; kept in %s for inspection", op.get("k"), path)
+        return self._applier.apply(self.engine, ops, wait)
+
+    @property
+    def db_down_since(self) -> float | None:
+        return self._applier.db_down_since
+
+    @property
+    def dead_letters(self) -> int:
+        return self._applier.dead_letters
 
     # ---- control ------------------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -269,4 +304,137 @@ class Writer:
             t.join(timeout=max(timeout or 0, 5.0))
         if self._applied is not None:
             self.journal.mark_committed(self._applied)
+        return drained
+
+
+class ProcessWriter(Writer):
+    """A ``Writer`` whose database side runs in a child process (``python -m forge_store.drain``).
+
+    For the proxy: its event loop only journals (a kernel write), and the SQL that turns journal entries into rows
+    runs in another process, so it neither takes the GIL from the loop nor its CPU. The child tails the journal
+    files from the checkpoint, applies batches (same ``apply_ops``, retries and dead letters as the thread), saves
+    the checkpoint and reports each applied position on its stdout; ``flush`` waits for those reports. A child that
+    dies is restarted (it resumes from the checkpoint; applying is idempotent); a parent that dies closes the
+    child's stdin, and the child stops after its current batch. Durability is unchanged: a write is acknowledged
+    once it is in the journal.
+    """
+
+    def __init__(self, engine: sa.Engine, journal: Journal, *, url: str, linger_s: float = 0.05, **kwargs):
+        self._url = url
+        self._proc: subprocess.Popen | None = None
+        self._pipe_lock = threading.Lock()
+        self._db_down_at: float | None = None
+        self._dead = 0
+        self.restarts = 0
+        super().__init__(engine, journal, linger_s=linger_s, **kwargs)
+
+    def _database_side(self) -> threading.Thread:
+        return threading.Thread(target=self._supervise, name="forge-store-drain", daemon=True)
+
+    def _journaled(self, pos: Position, ops: list[dict], upto: int) -> None:
+        self._last = pos
+        self._marks.append((pos, upto))
+
+    @property
+    def db_down_since(self) -> float | None:
+        return self._db_down_at
+
+    @property
+    def dead_letters(self) -> int:
+        return self._dead
+
+    def pending_ops(self) -> int:
+        with self._lock:
+            return self._submitted - self._applied_n
+
+    def _spawn(self) -> subprocess.Popen:
+        env = {**os.environ, "OPENFORGE_DRAIN_URL": self._url, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")) if p)}
+        argv = [sys.executable, "-m", "forge_store.drain", "--journal", str(self.journal.directory),
+                "--batch-size", str(self.batch_size), "--linger", str(self.linger_s),
+                "--retry-max", str(self.retry_max_s), "--dead-letter", str(self.dead_letter_dir)]
+        if self.journal.fsync:
+            argv.append("--fsync")
+        # its own session: a Ctrl-C at the terminal reaches the proxy, which then drains and stops the child
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+
+    def _supervise(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._lock:
+                if self._closing:
+                    return
+                self._proc = proc = self._spawn()
+            for line in proc.stdout:
+                self._report(line.split())
+                backoff = 0.5
+            rc = proc.wait()
+            with self._lock:
+                if self._closing:
+                    return
+            log.warning("the store's drain process exited with status %s; restarting it in %.1fs (journaled writes "
+                        "wait for it, nothing is lost)", rc, backoff)
+            self.restarts += 1
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    def _report(self, words: list[bytes]) -> None:
+        if not words:
+            return
+        kind = words[0]
+        with self._lock:
+            if kind == b"a":  # applied through a position
+                last = Position(int(words[1]), int(words[2]))
+                self._applied = last
+                while self._marks and self._marks[0][0] <= last:
+                    self._applied_n = self._marks.popleft()[1]
+                self.batches += 1
+                self.applied_ops += int(words[3])
+                self._applied_cv.notify_all()
+            elif kind == b"d":  # database down (1) or back (0)
+                self._db_down_at = time.monotonic() if words[1] == b"1" else None
+            elif kind == b"x":  # dead letters so far (this child)
+                self._dead = self._dead_base + int(words[1])
+            elif kind == b"s":  # a (re)started child: its dead-letter count starts at zero
+                self._dead_base = self._dead
+
+    _dead_base = 0
+
+    def _tell(self, command: bytes) -> None:
+        with self._pipe_lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                return
+            try:
+                proc.stdin.write(command)
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+
+    def flush(self, timeout: float | None = None) -> bool:
+        self._tell(b"f\n")  # apply now rather than after the batch linger
+        return super().flush(timeout)
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Wait up to ``timeout`` for the database, stop the child (it saves the checkpoint) and the threads."""
+        drained = self.flush(timeout)
+        with self._lock:
+            self._closing = True
+            self._give_up_on_close = True
+            for cv in (self._incoming_cv, self._queue_cv, self._applied_cv):
+                cv.notify_all()
+        self._tell(b"q\n" if drained else b"Q\n")
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(timeout=max(timeout or 0, 5.0))
+            except subprocess.TimeoutExpired:
+                log.warning("the store's drain process did not stop; killing it (the journal keeps its writes)")
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+        for t in self._threads:
+            t.join(timeout=max(timeout or 0, 5.0))
         return drained

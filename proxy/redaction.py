@@ -21,22 +21,28 @@ class Rule:
 
     pattern: re.Pattern
     triggers: tuple[str | re.Pattern, ...]
+    min_len: int  # no match is shorter: shorter strings (roles, model names) are skipped outright
     fold: bool = False
 
     def may_match(self, value: str, folded: str | None) -> bool:
+        if len(value) < self.min_len:
+            return False
         text = folded if self.fold else value
-        return any(t in text if isinstance(t, str) else t.search(text) for t in self.triggers)
+        for t in self.triggers:
+            if (t in text) if isinstance(t, str) else t.search(text):
+                return True
+        return False
 
 
 RULES: dict[str, Rule] = {
     "api_keys": Rule(re.compile(
         r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|xox[abpr]-[A-Za-z0-9-]{10,}"
         r"|AIza[0-9A-Za-z_-]{35})"
-    ), ("sk-", "AKIA", "AIza", "xox", re.compile(r"gh[pousr]_"))),
-    "bearer_tokens": Rule(re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}"), ("bearer",), fold=True),
+    ), ("sk-", "AKIA", "AIza", "xox", re.compile(r"gh[pousr]_")), min_len=14),
+    "bearer_tokens": Rule(re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}"), ("bearer",), min_len=23, fold=True),
     "private_keys": Rule(re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-                         ("-----BEGIN ",)),
-    "emails": Rule(re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), ("@",)),
+                         ("-----BEGIN ",), min_len=52),
+    "emails": Rule(re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"), ("@",), min_len=6),
 }
 
 
@@ -47,12 +53,15 @@ class Redactor:
             raise ValueError(f"redaction rule(s) {unknown} unknown: choose from {', '.join(RULES)}")
         self.rules = [(n, RULES[n]) for n in rule_names]
         self._fold = any(RULES[n].fold for n in rule_names)
+        self._min_len = min((RULES[n].min_len for n in rule_names), default=0)
 
     def apply(self, value, hits: set[str]):
         """``value`` with every match replaced (a copy only where something changed); rule names go into ``hits``."""
         if not self.rules:
             return value
         if isinstance(value, str):
+            if len(value) < self._min_len:
+                return value
             folded = value.lower() if self._fold else None
             for name, rule in self.rules:
                 if rule.may_match(value, folded) and rule.pattern.search(value):

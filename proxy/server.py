@@ -40,7 +40,8 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
     signer = TokenSigner(secret)
     if store is None:
         store = open_store(store_url, journal=True, name=journal_name,
-                           settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}))
+                           settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}),
+                           drain="process" if settings.proxy_drain_process else "thread")
     registry = Registry(store, signer, allow_unbound=settings.proxy_allow_unbound,
                         pause_max_s=settings.proxy_pause_max_s)
     registry.policy_version = policy_version

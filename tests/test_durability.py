@@ -28,7 +28,8 @@ CHILD = textwrap.dedent(
     from forge_store import open_store, Settings
     from tests.conftest import make_call
     url, home, start, n, fsync = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-    st = open_store(url, journal=True, settings=Settings(home=home, writer_batch_size=8, journal_fsync=fsync))
+    st = open_store(url, journal=True, settings=Settings(home=home, writer_batch_size=8, journal_fsync=fsync),
+                    drain=sys.argv[6])
     for i in range(start, start + n):
         st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
         print(f"ack c{i}", flush=True)
@@ -38,9 +39,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def _spawn(url, home, start, n, fsync=True):
+def _spawn(url, home, start, n, fsync=True, drain="thread"):
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, str(home), str(start), str(n), "1" if fsync else "0"],
+        [sys.executable, "-c", CHILD, url, str(home), str(start), str(n), "1" if fsync else "0", drain],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
@@ -111,12 +112,14 @@ def test_sigkill_in_the_middle_of_a_postgres_batch(pg_database, settings, tmp_pa
     _check_exactly_once(pg_database, settings, acked)
 
 
-@pytest.mark.parametrize("fsync", [True, False], ids=["fsync", "kernel-write"])
-def test_repeated_sigkill_at_random_points(store_url, settings, fsync):
-    """Without fsync a journaled write is in the kernel: it survives kill -9 of the process all the same."""
+@pytest.mark.parametrize("fsync,drain", [(True, "thread"), (False, "thread"), (False, "process")],
+                         ids=["fsync", "kernel-write", "kernel-write-drain-process"])
+def test_repeated_sigkill_at_random_points(store_url, settings, fsync, drain):
+    """Without fsync a journaled write is in the kernel: it survives kill -9 of the process all the same. With a
+    drain process, the killed writer's child is orphaned mid-batch; the next opener replays behind it."""
     acked, start = [], 0
     for kill_after in (23, 57, 5):
-        proc = _spawn(store_url, settings.home, start, 120, fsync)
+        proc = _spawn(store_url, settings.home, start, 120, fsync, drain)
         try:
             acked += _read_acks(proc, until=kill_after)
             proc.send_signal(signal.SIGKILL)
@@ -127,13 +130,14 @@ def test_repeated_sigkill_at_random_points(store_url, settings, fsync):
     _check_exactly_once(store_url, settings, acked)
 
 
-def test_postgres_outage_loses_nothing(pg_database, settings):
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_postgres_outage_loses_nothing(pg_database, settings, drain):
     url = sa.engine.make_url(pg_database)
     relay = TcpRelay(url.host or "127.0.0.1", url.port or 5432)
     relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
     settings.writer_retry_max_s = 0.2
     try:
-        with open_store(relayed, journal=True, settings=settings) as st:
+        with open_store(relayed, journal=True, settings=settings, drain=drain) as st:
             for i in range(20):
                 st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
             assert st.flush(30)
@@ -220,3 +224,38 @@ def test_damaged_journal_middle_is_an_error_not_a_silent_loss(store_url, setting
     with pytest.raises(JournalCorrupt, match=r"\.log.*byte 0.*move this segment aside"):
         open_store(store_url, journal=True, settings=settings)
     assert _call_ids(store_url) == []
+
+
+def test_a_killed_drain_process_is_restarted_and_loses_nothing(store_url, settings):
+    with open_store(store_url, journal=True, settings=settings, drain="process") as st:
+        assert st.writer_status()["drain"] == "process"
+        assert not any(t.name == "forge-store-writer" for t in __import__("threading").enumerate())
+        for i in range(50):
+            st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
+        assert st.flush(30)
+        first = st._writer._proc
+        first.kill()
+        for i in range(50, 150):  # acknowledged from the journal while no drain process runs
+            st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
+        assert st.flush(60)
+        assert st._writer.restarts >= 1 and st._writer._proc.pid != first.pid
+        assert st.writer_status()["pending_ops"] == 0
+    _check_exactly_once(store_url, settings, [f"c{i}" for i in range(150)])
+
+
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_url, settings, drain):
+    from forge_store.schema import utcnow
+    from forge_store.writer import decode
+
+    with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
+        for i in range(10):
+            st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
+        st._writer.submit({"k": "run", "r": {"id": None, "name": "poison", "config": None, "created_at": utcnow()}})
+        for i in range(10, 20):
+            st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
+        assert st.flush(30)
+        assert st.writer_status()["dead_letters"] == 1
+    (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
+    assert decode(kept.read_bytes())["r"]["name"] == "poison"
+    _check_exactly_once(store_url, settings, [f"c{i}" for i in range(20)])

@@ -20,6 +20,9 @@ SECRETS = [
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
     "-----BEGIN PRIVATE KEY-----abc-----END PRIVATE KEY-----",
     "someone@example.com", "a.b+c@mail.example.org",
+    # the shortest match of each rule (rules skip strings shorter than that)
+    "xoxb-" + "1" * 10, "AKIA" + "A" * 16, "bearer " + "b" * 16, "a@b.cd",
+    "-----BEGIN PRIVATE KEY----------END PRIVATE KEY-----",
 ]
 NEAR_MISSES = ["sk-short", "ask-" + "a" * 25, "AKIAlower", "ghx_" + "a" * 36, "xoxz-" + "1" * 12, "bearer short",
                "-----BEGIN PUBLIC KEY-----x-----END PUBLIC KEY-----", "user@localhost", "@", "gh", "sk", "xox",
@@ -58,6 +61,8 @@ def test_every_rule_fires_on_its_secrets(secret):
     out = Redactor(list(RULES)).apply({"messages": [{"content": f"use {secret} now"}]}, hits)
     assert hits and "[REDACTED:" in out["messages"][0]["content"]
     assert secret not in out["messages"][0]["content"]
+    alone: set[str] = set()  # the secret as a whole string: exactly as long as a rule's shortest match, or longer
+    assert Redactor(list(RULES)).apply(secret, alone) != secret and alone == hits
 
 
 def test_the_prefilter_skips_the_patterns_on_text_without_triggers(monkeypatch):

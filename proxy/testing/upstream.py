@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import collections
 import json
 import logging
@@ -375,6 +376,10 @@ def main(argv: list[str] | None = None) -> None:
         max_model_len=args.max_model_len,
         chunk_tokens=args.chunk_tokens,
     )
+    # A real engine's latency has no Python collector in it: keep the double's startup objects (the tokenizer above
+    # all) out of full collections, which otherwise stalled every in-flight answer ~70 ms at a time under load.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(upstream.app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
