@@ -18,6 +18,18 @@ from .records import API_SURFACES, CallRecord
 from .tokens import common_prefix_items, ids_to_bytes, pack_ids, pack_logprobs
 
 
+@dataclass(slots=True)
+class PromptPart:
+    """``CallEncoder.encode_prompt``'s result for one record (``messages`` / ``tools``: the lists it was made from)."""
+
+    messages: list
+    tools: list | None
+    bodies: list[str | None]
+    hashes: list[str]
+    tools_body: str | None
+    tools_hash: str | None
+
+
 @dataclass
 class _RolloutState:
     call_id: str
@@ -54,12 +66,9 @@ class CallEncoder:
         with self._lock:
             self._rollouts.pop(rollout_id, None)
 
-    def encode(self, rec: CallRecord) -> dict | None:
-        """The journal operation for ``rec``; None if this encoder already encoded a call with that id."""
-        if rec.api_surface not in API_SURFACES:
-            raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
-        if rec.started_at.tzinfo is None:
-            raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
+    def encode_prompt(self, rec: CallRecord) -> PromptPart:
+        """The request side of ``encode`` (message and tool bodies and hashes), which needs no answer: a caller
+        waiting on the answer (the proxy) does it meanwhile and hands the result to ``encode`` as ``prompt``."""
         # Messages equal to the previous call's (Python ==, a C-speed deep compare) reuse its hashes, so a call
         # costs O(new content). Values Python calls equal but JSON spells differently (1, 1.0, true) inside an
         # otherwise identical earlier message keep the earlier spelling: harmless for chat content.
@@ -75,6 +84,19 @@ class CallEncoder:
         hashes = (state.prompt_hashes[:same] if state else []) + [sha256_hex(b.encode()) for b in bodies[same:]]
         tools_body = canonical_json(rec.tools).decode() if rec.tools else None
         tools_hash = sha256_hex(tools_body.encode()) if tools_body else None
+        return PromptPart(rec.messages, rec.tools, bodies, hashes, tools_body, tools_hash)
+
+    def encode(self, rec: CallRecord, prompt: PromptPart | None = None) -> dict | None:
+        """The journal operation for ``rec``; None if this encoder already encoded a call with that id."""
+        if rec.api_surface not in API_SURFACES:
+            raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
+        if rec.started_at.tzinfo is None:
+            raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
+        if prompt is None or prompt.messages is not rec.messages or prompt.tools is not rec.tools:
+            prompt = self.encode_prompt(rec)
+        bodies, hashes, tools_body, tools_hash = prompt.bodies, prompt.hashes, prompt.tools_body, prompt.tools_hash
+        with self._lock:
+            state = self._rollouts.get(rec.rollout_id) if rec.rollout_id else None
         prompt_raw = ids_to_bytes(rec.prompt_token_ids) if rec.prompt_token_ids is not None else None
         response_body = canonical_json(rec.response_message).decode() if rec.response_message is not None else None
         response_message_hash = sha256_hex(response_body.encode()) if response_body is not None else None

@@ -23,7 +23,7 @@ from .blobs import BlobStore, LocalBlobStore
 from .engine import create_engine, redact_url
 from .errors import InvalidRecord, StoreUnavailable
 from .hashing import json_sha256, sha256_hex
-from .ingest import CallEncoder
+from .ingest import CallEncoder, PromptPart
 from .journal import Journal
 from .records import (
     EXCLUSION_REASONS,
@@ -108,9 +108,14 @@ class Store:
                 raise
         return rec.id
 
-    async def record_call_async(self, rec: CallRecord) -> str:
+    def encode_prompt(self, rec: CallRecord) -> PromptPart:
+        """The request side of recording ``rec`` (its messages' and tools' canonical bodies and hashes), for a caller
+        that has time while the answer is on its way; pass the result to ``record_call_async(rec, prompt)``."""
+        return self._encoder.encode_prompt(rec)
+
+    async def record_call_async(self, rec: CallRecord, prompt: PromptPart | None = None) -> str:
         """``record_call`` for event loops: returns once the call is durable, without blocking the loop."""
-        op = self._encoder.encode(rec)
+        op = self._encoder.encode(rec, prompt)
         if op is not None:
             try:
                 await self._write_async(op)

@@ -101,3 +101,5 @@ class ProxyApp:
             watch.remove_done_callback(on_message)
             watch.cancel()
             await chunks.aclose()
+            if reply.abandon is not None:  # a relay that never started cannot clean up after itself
+                reply.abandon()

@@ -29,7 +29,7 @@ from .metrics import Metrics
 from .record import Completion, has_inline_data
 from .redaction import Redactor
 from .registry import Binding, Registry
-from .upstream import Upstream
+from .upstream import Pending, Upstream
 
 log = logging.getLogger("proxy")
 JSON = "application/json"
@@ -81,6 +81,7 @@ class StreamReply:
     chunks: AsyncIterator[bytes]
     status: int = 200
     content_type: str = "text/event-stream; charset=utf-8"
+    abandon: Callable[[], None] | None = None  # frees what ``chunks`` holds if it is dropped before its first step
 
 
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
@@ -122,7 +123,10 @@ class ProxyService:
 
     async def call(self, headers: CallHeaders, receive: Receive, adapter, token: str | None) -> Reply | StreamReply:
         """Serve one model call through ``adapter`` (see ``proxy.adapters`` for the protocol it speaks). ``token``:
-        from the path (``/r/{token}/...``), else the headers'."""
+        from the path (``/r/{token}/...``), else the headers'.
+
+        The request goes upstream as soon as it is translated; what only the stored copy needs (redaction, hashes,
+        the record's request side) is done while the upstream works, off the call's critical path."""
         t0 = time.perf_counter()
         started = utcnow()
         adapter = as_adapter(adapter)
@@ -131,38 +135,65 @@ class ProxyService:
         body = parse_json(raw)
         adapter.validate(body)
         tr = adapter.translate(body, self.dialect, binding.rollout_id)
+        seq = binding.next_seq()
+        prompt = None
+        if has_inline_data(tr.messages, min(len(binding.prompts.raw), len(tr.messages))):
+            # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
+            prompt = await self._prepare(binding, tr.messages, images=True)
+        await self.registry.enter()
+        relay_owns_exit = False
         try:
-            prompt = await self._prepare(binding, tr.messages)
-        except InvalidRecord as exc:
-            raise ProxyError(400, str(exc), code="invalid_image") from None
-        up_body, wants = tr.upstream, tr.wants
+            try:
+                pending, failure = await self.upstream.send("POST", adapter.PATH, orjson.dumps(tr.upstream)), None
+            except UpstreamFailure as exc:
+                pending, failure = None, exc
+            try:
+                rec = self._record_for(headers, adapter, binding, body, tr, prompt, seq, started)
+                part = self.store.encode_prompt(rec)
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()
+                raise
+            if failure is not None:
+                await self._record_failure(rec, t0, failure)
+                raise failure
+            if not rec.streamed:
+                return await self._unary(adapter, pending, tr.wants, rec, part, t0)
+            reply = await self._stream(adapter, pending, tr.wants, rec, part, t0)
+            relay_owns_exit = isinstance(reply, StreamReply)
+            return reply
+        finally:
+            if not relay_owns_exit:
+                self.registry.leave()
+
+    def _record_for(self, headers: CallHeaders, adapter, binding: Binding, body: dict, tr, prompt, seq: int,
+                    started) -> CallRecord:
+        if prompt is None:
+            try:
+                prompt = binding.prompts.prepare(tr.messages, self.store.put_blob, self.redactor)
+            except InvalidRecord as exc:
+                raise ProxyError(400, str(exc), code="invalid_image") from None
         request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         call_id = uuid.uuid4().hex
         metadata = self._metadata(headers, prompt.redactions)
         if tr.notes:
             metadata = {**(metadata or {}), **tr.notes}
-        rec = CallRecord(
-            id=call_id, rollout_id=binding.rollout_id, seq=binding.next_seq(), api_surface=adapter.SURFACE,
+        return CallRecord(
+            id=call_id, rollout_id=binding.rollout_id, seq=seq, api_surface=adapter.SURFACE,
             messages=prompt.messages, tools=tr.tools, params=tr.params, streamed=tr.stream,
             request_hash=request_hash, model=body.get("model"), started_at=started,
             retry_of=binding.retry_of(request_hash, call_id), policy_version_id=self.registry.policy_version,
             image_hashes=prompt.image_hashes or None,
             metadata=metadata,
         )
-        await self.registry.enter()
-        try:
-            if rec.streamed:
-                return await self._stream(adapter, up_body, wants, rec, t0)
-            return await self._unary(adapter, up_body, wants, rec, t0)
-        except BaseException:
-            self.registry.leave()
-            raise
 
-    async def _prepare(self, binding: Binding, messages: list):
-        cache = binding.prompts
-        if has_inline_data(messages, min(len(cache.raw), len(messages))):  # images: blob writes off the loop
-            return await asyncio.to_thread(cache.prepare, messages, self.store.put_blob, self.redactor)
-        return cache.prepare(messages, self.store.put_blob, self.redactor)
+    async def _prepare(self, binding: Binding, messages: list, *, images: bool):
+        try:
+            if images:  # blob writes off the loop
+                return await asyncio.to_thread(binding.prompts.prepare, messages, self.store.put_blob, self.redactor)
+            return binding.prompts.prepare(messages, self.store.put_blob, self.redactor)
+        except InvalidRecord as exc:
+            raise ProxyError(400, str(exc), code="invalid_image") from None
 
     @staticmethod
     def _metadata(headers: CallHeaders, redactions: set[str]) -> dict | None:
@@ -174,51 +205,56 @@ class ProxyService:
         return meta or None
 
     # ---- one answer -----------------------------------------------------------------------------------------
-    async def _unary(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Reply:
+    async def _unary(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply:
         try:
-            try:
-                ans = await self.upstream.request("POST", adapter.PATH, orjson.dumps(up_body))
-            except UpstreamFailure as exc:
-                await self._record_failure(rec, t0, exc)
-                raise
-            rec.upstream_status = ans.status
-            if ans.status != 200:
-                rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
-                await self._record(rec, t0)
-                body, media_type = adapter.upstream_error(ans.status, ans.body, ans.content_type)
-                return Reply(ans.status, body, media_type or JSON)
-            try:
-                data = orjson.loads(ans.body)
-            except orjson.JSONDecodeError:
-                exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
-                                      "upstream_protocol")
-                await self._record_failure(rec, t0, exc)
-                raise exc from None
-            self._fill(rec, adapter.parse(data))
-            await self._record(rec, t0)
-            return Reply(200, orjson.dumps(adapter.answer(data, wants)))
-        finally:
-            self.registry.leave()
-
-    # ---- a stream ---------------------------------------------------------------------------------------------
-    async def _stream(self, adapter, up_body: dict, wants, rec: CallRecord, t0: float) -> Reply | StreamReply:
-        try:
-            stream = await self.upstream.open_stream(adapter.PATH, orjson.dumps(up_body))
+            ans = await pending.answer()
         except UpstreamFailure as exc:
             await self._record_failure(rec, t0, exc)
-            self.registry.leave()
+            raise
+        rec.upstream_status = ans.status
+        if ans.status != 200:
+            rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
+            await self._record(rec, t0, part)
+            body, media_type = adapter.upstream_error(ans.status, ans.body, ans.content_type)
+            return Reply(ans.status, body, media_type or JSON)
+        try:
+            data = orjson.loads(ans.body)
+        except orjson.JSONDecodeError:
+            exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
+                                  "upstream_protocol")
+            await self._record_failure(rec, t0, exc)
+            raise exc from None
+        self._fill(rec, adapter.parse(data))
+        await self._record(rec, t0, part)
+        return Reply(200, orjson.dumps(adapter.answer(data, wants)))
+
+    # ---- a stream ---------------------------------------------------------------------------------------------
+    async def _stream(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply | StreamReply:
+        try:
+            stream = await pending.stream()
+        except UpstreamFailure as exc:
+            await self._record_failure(rec, t0, exc)
             raise
         rec.upstream_status = stream.status
         if stream.status != 200:
             body = await stream.read_all()
             rec.error_class, rec.error_detail = f"upstream_http_{stream.status}", body[:2000].decode(errors="replace")
-            await self._record(rec, t0)
-            self.registry.leave()
+            await self._record(rec, t0, part)
             body, media_type = adapter.upstream_error(stream.status, body, stream.content_type)
             return Reply(stream.status, body, media_type or JSON)
-        return StreamReply(self._relay(stream, adapter.relay(wants), rec, t0))
 
-    async def _relay(self, stream, relay, rec: CallRecord, t0: float):
+        begun = [False]
+
+        def abandon() -> None:  # the relay never ran (the client's connection failed first): its exits, here
+            if not begun[0]:
+                begun[0] = True
+                stream.close()
+                self.registry.leave()
+
+        return StreamReply(self._relay(stream, adapter.relay(wants), rec, t0, part, begun), abandon=abandon)
+
+    async def _relay(self, stream, relay, rec: CallRecord, t0: float, part, begun: list[bool]):
+        begun[0] = True
         recorded = False
         try:
             try:
@@ -244,7 +280,7 @@ class ProxyService:
                 rec.error_class = "upstream_stream_truncated"
             self._fill(rec, relay.result())
             recorded = True
-            await self._record(rec, t0)  # before the terminal event: a client with a complete answer finds it stored
+            await self._record(rec, t0, part)  # before the terminal event: a client with a whole answer finds it stored
             if end := relay.end():
                 yield end
         finally:
@@ -253,7 +289,7 @@ class ProxyService:
             if not recorded:  # the client went away mid-stream: keep what it was sent
                 rec.error_class = rec.error_class or "client_disconnected"
                 self._fill(rec, relay.result())
-                task = asyncio.get_running_loop().create_task(self._record(rec, t0))
+                task = asyncio.get_running_loop().create_task(self._record(rec, t0, part))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
@@ -281,13 +317,13 @@ class ProxyService:
             rec.metadata = {**(rec.metadata or {})}
             rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)
 
-    async def _record(self, rec: CallRecord, t0: float) -> None:
+    async def _record(self, rec: CallRecord, t0: float, part=None) -> None:
         self._redact(rec)
         rec.ended_at = utcnow()
         rec.latency_ms = (time.perf_counter() - t0) * 1000
         t1 = time.perf_counter()
         try:
-            await self.store.record_call_async(rec)
+            await self.store.record_call_async(rec, part)
         except Exception as exc:
             log.exception("could not journal call %s", rec.id)
             self.metrics.record_failures.inc()

@@ -221,36 +221,17 @@ class Upstream:
             conn.closed = True
             conn.transport.close()
 
-    async def _send(self, method: str, path: str, body: bytes | None) -> _Connection:
-        """Send once and wait for the answer's head; again once if a pooled connection was found closed."""
+    async def send(self, method: str, path: str, body: bytes | None = None) -> Pending:
+        """Write the request and return at once (connecting first if no pooled connection is free); the answer is
+        awaited through the returned ``Pending``, so the caller can work while the upstream does."""
         await self.start()
         await self._slots.acquire()
         try:
             head = f"{method} {self._prefix}{path} HTTP/1.1\r\n{self._head}"
             head += f"Content-Length: {len(body)}\r\n\r\n" if body is not None else "\r\n"
-            data = head.encode() + body if body is not None else head.encode()
-            for attempt in (1, 2):
-                conn = self._checkout()
-                reused = conn is not None
-                if conn is None:
-                    conn = await self._connect(path)
-                conn.transport.write(data)
-                try:
-                    while not conn.headers_done:
-                        if conn.error is not None:
-                            raise conn.error
-                        await conn.wait(self.read_timeout_s)
-                    return conn
-                except _Gone as exc:
-                    conn.closed = True
-                    if attempt == 1 and reused and not exc.started:
-                        continue  # a keep-alive connection the server had closed: once more on a new one
-                    raise self._fail(exc, path) from None
-                except TimeoutError as exc:
-                    conn.closed = True
-                    conn.transport.close()
-                    raise self._fail(exc, path) from None
-            raise AssertionError("unreachable")
+            pending = Pending(self, path, head.encode() + body if body is not None else head.encode())
+            await pending._write()
+            return pending
         except BaseException:
             self._slots.release()
             raise
@@ -276,14 +257,74 @@ class Upstream:
         self._slots.release()
 
     async def request(self, method: str, path: str, body: bytes | None = None) -> UpstreamAnswer:
-        conn = await self._send(method, path, body)
-        try:
-            return UpstreamAnswer(conn.status, conn.content_type, await self._read_rest(conn, path))
-        finally:
-            self._finish(conn)
+        return await (await self.send(method, path, body)).answer()
 
     async def open_stream(self, path: str, body: bytes) -> UpstreamStream:
-        return UpstreamStream(self, await self._send("POST", path, body), path)
+        return await (await self.send("POST", path, body)).stream()
+
+
+class Pending:
+    """A request on the wire: ``answer()`` reads the whole answer, ``stream()`` its head (then iterate events).
+    Exactly one of them must be awaited: it gives the connection back."""
+
+    def __init__(self, upstream: Upstream, path: str, data: bytes):
+        self._upstream, self._path, self._data = upstream, path, data
+        self._conn: _Connection | None = None
+        self._reused = False
+
+    async def _write(self) -> None:
+        up = self._upstream
+        conn = up._checkout()
+        self._reused = conn is not None
+        if conn is None:
+            conn = await up._connect(self._path)
+        self._conn = conn
+        conn.transport.write(self._data)
+
+    async def _head(self) -> _Connection:
+        """Wait for the answer's head; once more on a new connection if a pooled one was found closed."""
+        up = self._upstream
+        try:
+            for attempt in (1, 2):
+                conn = self._conn
+                try:
+                    while not conn.headers_done:
+                        if conn.error is not None:
+                            raise conn.error
+                        await conn.wait(up.read_timeout_s)
+                    return conn
+                except _Gone as exc:
+                    conn.closed = True
+                    if attempt == 1 and self._reused and not exc.started:
+                        await self._write()  # a keep-alive connection the server had closed
+                        continue
+                    raise up._fail(exc, self._path) from None
+                except TimeoutError as exc:
+                    conn.closed = True
+                    conn.transport.close()
+                    raise up._fail(exc, self._path) from None
+            raise AssertionError("unreachable")
+        except BaseException:
+            up._finish(self._conn)
+            raise
+
+    async def answer(self) -> UpstreamAnswer:
+        conn = await self._head()
+        try:
+            return UpstreamAnswer(conn.status, conn.content_type, await self._upstream._read_rest(conn, self._path))
+        finally:
+            self._upstream._finish(conn)
+
+    async def stream(self) -> UpstreamStream:
+        return UpstreamStream(self._upstream, await self._head(), self._path)
+
+    def cancel(self) -> None:
+        """Give up on the answer (the caller failed before awaiting it): the connection is closed."""
+        if self._conn is not None:
+            self._conn.closed = True
+            self._conn.transport.close()
+            self._upstream._finish(self._conn)
+            self._conn = None
 
 
 class UpstreamStream:

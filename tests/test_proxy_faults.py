@@ -72,6 +72,34 @@ def test_upstream_down_is_502_and_recorded_as_infra_error(px):
     calls = px.calls("r1")
     assert [c.error_class for c in calls] == ["upstream_unreachable"] * 2
     assert not any(c.token_exact for c in calls)
+    assert httpx.get(px.url + "/health").json()["in_flight"] == 0  # every failed call left the count it entered
+
+
+def test_every_way_a_call_ends_leaves_the_in_flight_count(px):
+    """Pause/drain waits for in-flight calls to reach zero: no path may leave a call counted, or count it twice."""
+    client = px.client(px.register("r1"))
+    px.up.double.script.extend([HTTPError(400, "bad"), HTTPError(400, "bad"), Text("ok"), Text("ok"),
+                                Text("a long answer that will not finish", disconnect_after=3),
+                                Delay(0.0, chunk_delay=0.05, then=Text("word " * 40))])
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError):
+            r = client.chat.completions.create(model="m", messages=USER, stream=stream)
+            list(r) if stream else None
+    client.chat.completions.create(model="m", messages=USER)
+    list(client.chat.completions.create(model="m", messages=USER, stream=True))
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's error for a cut stream varies
+        list(client.chat.completions.create(model="m", messages=USER, stream=True))
+    stream = client.chat.completions.create(model="m", messages=USER, stream=True)
+    next(iter(stream))
+    stream.close()  # the client leaves mid-stream
+    r = _post(px, px.register("r2"), {"model": "m", "messages": "not a list"})
+    assert r.status_code == 400
+    import time
+
+    deadline = time.monotonic() + 10
+    while httpx.get(px.url + "/health").json()["in_flight"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(px.url + "/health").json()["in_flight"] == 0
 
 
 def test_upstream_timeout_is_504(up, tmp_path):
