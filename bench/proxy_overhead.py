@@ -7,7 +7,9 @@ through 8 distinct 8 KB prompts, so every request differs from its rollout's pre
 hashes and journals the whole prompt each time) while the double's tokenizer cache stays warm: a real engine
 tokenizes on its own hardware, and on this 2-core machine the double's tokenizer (7 ms per 8 KB) would otherwise
 eat the CPU the proxy is measured on. Warm-up sends every prompt once. For concurrency 1, 16 and 64, streaming
-and not, it runs a fixed number of requests direct and proxied and compares latency and throughput.
+and not, it runs a fixed number of requests direct, through a bare pass-through proxy that records nothing
+(``bench/passthrough_proxy.py``: the ceiling for any proxy in this position) and through the recording proxy, in
+three interleaved rounds, and compares latency (pooled percentiles) and throughput (the median round).
 
 Prints a table, then as its LAST line one JSON object with (at least):
   added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
@@ -39,6 +41,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-token-0123456789"
+ROUNDS = 3
 console = Console(stderr=True)
 
 
@@ -103,7 +106,7 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
                         pass
                 else:
                     await resp.read()
-                assert resp.status == 200, resp.status
+                assert resp.status == 200, f"{base} answered {resp.status}: {(await resp.read())[:500]!r}"
             latencies.append((time.perf_counter() - t0) * 1000)
 
     conn = aiohttp.TCPConnector(limit=concurrency * 2)
@@ -114,7 +117,14 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
         latencies.clear()
         await asyncio.gather(*(client(k, session) for k in range(concurrency)))
         elapsed = time.perf_counter() - t0
-    return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99), "rps": n / elapsed, "n": n}
+    return {"latencies": list(latencies), "rps": n / elapsed, "n": n}
+
+
+def pooled(rounds: list[dict]) -> dict:
+    """Rounds of one target pooled: percentiles over every latency, the median round's requests/s."""
+    latencies = [x for r in rounds for x in r["latencies"]]
+    return {"p50": statistics.median(latencies), "p99": percentile(latencies, 0.99),
+            "rps": statistics.median(r["rps"] for r in rounds), "n": len(latencies)}
 
 
 def main() -> None:
@@ -128,14 +138,14 @@ def main() -> None:
     env = {**os.environ, "OPENFORGE_HOME": str(tmp / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN,
            "PYTHONPATH": str(ROOT)}
     upstream = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+                                env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "upstream.log", "wb"), cwd=ROOT)
     proxy = subprocess.Popen([str(Path(sys.executable).parent / "openforge"), "proxy", "--upstream",
                               f"http://127.0.0.1:{up_port}", "--port", str(px_port),
                               "--store", f"sqlite:///{tmp / 'store.sqlite'}"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.log", "wb"), cwd=ROOT)
     passthrough = subprocess.Popen([sys.executable, str(ROOT / "bench" / "passthrough_proxy.py"), "--upstream",
                                     f"http://127.0.0.1:{up_port}", "--port", str(pt_port)],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+                                   env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "bare.log", "wb"), cwd=ROOT)
     direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
     bare = f"http://127.0.0.1:{pt_port}"
     try:
@@ -151,16 +161,18 @@ def main() -> None:
         for stream in (False, True):
             for c, n in sizes.items():
                 label = f"c{c}{'_stream' if stream else ''}"
-                console.print(f"[dim]{label}: {n} requests direct, then proxied[/]")
-                d = asyncio.run(run_load(direct, tokens, c, n, stream))
-                b0 = cpu_seconds(passthrough.pid)
-                b = asyncio.run(run_load(bare, tokens, c, n, stream))
-                bare_cpu += cpu_seconds(passthrough.pid) - b0
-                c0 = cpu_seconds(proxy.pid)
-                p = asyncio.run(run_load(proxied, tokens, c, n, stream))
-                cpu += cpu_seconds(proxy.pid) - c0
-                recorded += n + 8 * c
-                results[label] = {"direct": d, "bare": b, "proxied": p}
+                console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct, bare, proxied[/]")
+                rounds = {"direct": [], "bare": [], "proxied": []}
+                for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits all three alike
+                    rounds["direct"].append(asyncio.run(run_load(direct, tokens, c, n // ROUNDS, stream)))
+                    b0 = cpu_seconds(passthrough.pid)
+                    rounds["bare"].append(asyncio.run(run_load(bare, tokens, c, n // ROUNDS, stream)))
+                    bare_cpu += cpu_seconds(passthrough.pid) - b0
+                    c0 = cpu_seconds(proxy.pid)
+                    rounds["proxied"].append(asyncio.run(run_load(proxied, tokens, c, n // ROUNDS, stream)))
+                    cpu += cpu_seconds(proxy.pid) - c0
+                    recorded += n // ROUNDS + 8 * c
+                results[label] = {target: pooled(r) for target, r in rounds.items()}
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
         for proc in (proxy, passthrough, upstream):

@@ -256,26 +256,35 @@ class ProxyService:
     async def _relay(self, stream, relay, rec: CallRecord, t0: float, part, begun: list[bool]):
         begun[0] = True
         recorded = False
+        out: list[bytes] = []  # what the events that arrived together make for the client: one send, not one each
         try:
             try:
-                async for event in stream.events():
-                    out = relay.feed(event)
-                    if relay.error and rec.error_class is None:
-                        rec.error_class, rec.error_detail = relay.error
-                    if rec.ttft_ms is None and relay.first_token:
-                        rec.ttft_ms = (time.perf_counter() - t0) * 1000
+                async for events in stream.batches():
+                    for event in events:
+                        piece = relay.feed(event)
+                        if relay.error and rec.error_class is None:
+                            rec.error_class, rec.error_detail = relay.error
+                        if rec.ttft_ms is None and relay.first_token:
+                            rec.ttft_ms = (time.perf_counter() - t0) * 1000
+                        if piece:
+                            out.append(piece)
+                        if relay.done:
+                            break
                     if out:
-                        yield out
+                        yield b"".join(out)
+                        out.clear()
                     if relay.done:
                         break
             except UpstreamFailure as exc:
                 rec.error_class, rec.error_detail = exc.error_class, exc.message
-                yield relay.failure(exc)
+                out.append(relay.failure(exc))
+                yield b"".join(out)
             except orjson.JSONDecodeError as exc:  # the upstream broke its own protocol: say so, keep what came
                 failure = UpstreamFailure(502, f"upstream sent a stream event that is not JSON ({exc})",
                                           "upstream_protocol")
                 rec.error_class, rec.error_detail = failure.error_class, failure.message
-                yield relay.failure(failure)
+                out.append(relay.failure(failure))
+                yield b"".join(out)
             if not relay.done and rec.error_class is None:
                 rec.error_class = "upstream_stream_truncated"
             self._fill(rec, relay.result())

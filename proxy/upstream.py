@@ -342,19 +342,24 @@ class UpstreamStream:
         finally:
             self.close()
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """SSE events as they arrive (no buffering beyond one event). UpstreamFailure if the upstream dies."""
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        """SSE events as they arrive, in lists of those that arrived together (nothing is held back for a later
+        one: a token the engine sent is relayed at once). UpstreamFailure if the upstream dies."""
         conn, buf = self._conn, b""
         while True:
             if conn.chunks:
                 buf = buf + conn.take() if buf else conn.take()
+                events, start = [], 0
                 while True:
-                    cut = buf.find(b"\n\n")
+                    cut = buf.find(b"\n\n", start)
                     if cut < 0:
                         break
-                    event, buf = buf[:cut], buf[cut + 2:]
-                    if event.strip():
-                        yield event
+                    if cut > start and buf[start:cut].strip():
+                        events.append(buf[start:cut])
+                    start = cut + 2
+                buf = buf[start:]
+                if events:
+                    yield events
                 continue
             if conn.done:
                 break
@@ -368,7 +373,7 @@ class UpstreamStream:
                 conn.transport.close()
                 raise self._upstream._fail(exc, self._path) from None
         if buf.strip():
-            yield buf
+            yield [buf]
 
     def close(self) -> None:
         """Give the connection back (answer complete) or close it (the caller stopped early: the upstream aborts)."""
