@@ -14,7 +14,8 @@ concurrency. Variants: httpx-default (AsyncClient(): 20 keep-alive connections),
 (http2=False, Limits sized), httpx-raw (httpx-sized, SSE split from aiter_raw instead of aiter_lines;
 its json cells repeat httpx-sized's: a noise floor), httpx2-sized (pydantic's httpx fork, used by newer
 openai/anthropic SDKs, if installed), aiohttp (TCPConnector(limit=c), `async for line in resp.content`),
-aiohttp-nodecomp (auto_decompress=False), httpcore (AsyncConnectionPool, sized). Modes: json (read the
+aiohttp-nodecomp (auto_decompress=False), httpcore (AsyncConnectionPool, sized), openforge (the proxy's own client,
+``proxy.upstream.Upstream``: asyncio protocols and httptools, SSE events in batches). Modes: json (read the
 whole body, orjson.loads) and stream (stream: true, count `data:` lines as they arrive). Concurrency
 1, 16, 64 (asyncio tasks in this process, uvloop if installed); each cell warms the pool, then runs
 `--seconds` of closed-loop load, and reports p50/p99 latency, requests/s and client CPU ms/request
@@ -55,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PATH = "/v1/chat/completions"
 HEADERS = {"content-type": "application/json", "authorization": "Bearer bench"}
 ANSWER = "Done: the failing test passes now."
-VARIANTS = ["httpx-default", "httpx-sized", "httpx-raw", "aiohttp", "aiohttp-nodecomp", "httpcore"]
+VARIANTS = ["httpx-default", "httpx-sized", "httpx-raw", "aiohttp", "aiohttp-nodecomp", "httpcore", "openforge"]
 try:  # pydantic's httpx fork (what newer openai/anthropic SDKs use), if installed: same API as httpx
     import httpx2
     VARIANTS.insert(3, "httpx2-sized")
@@ -99,6 +100,10 @@ class Client:
             self.c = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=conc), timeout=aiohttp.ClientTimeout(total=timeout),
                 auto_decompress=variant != "aiohttp-nodecomp")
+        elif variant == "openforge":  # the proxy's own client (proxy.upstream: asyncio protocols + httptools)
+            from proxy.upstream import Upstream
+
+            self.c = Upstream(base, read_timeout_s=timeout, pool=conc)
         elif variant == "httpcore":
             self.c = httpcore.AsyncConnectionPool(max_connections=conc, max_keepalive_connections=conc)
             self.hc_headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
@@ -123,6 +128,19 @@ class Client:
                 if not stream:
                     return len(orjson.loads(await r.read())["choices"])
                 return sum([1 async for line in r.content if line.startswith(b"data:")])
+        if v == "openforge":
+            if not stream:
+                ans = await self.c.request("POST", PATH, body)
+                if ans.status != 200:
+                    raise RuntimeError(f"HTTP {ans.status}")
+                return len(orjson.loads(ans.body)["choices"])
+            answer = await self.c.open_stream(PATH, body)
+            try:
+                if answer.status != 200:
+                    raise RuntimeError(f"HTTP {answer.status}")
+                return sum([1 async for events in answer.batches() for e in events if e.startswith(b"data:")])
+            finally:
+                answer.close()
         async with self.c.stream("POST", self.url, headers=self.hc_headers, content=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}")
@@ -131,7 +149,7 @@ class Client:
             return await count_data_lines(r.aiter_stream())
 
     async def aclose(self) -> None:
-        await (self.c.close() if self.variant.startswith("aiohttp") else self.c.aclose())
+        await (self.c.close() if self.variant.startswith("aiohttp") or self.variant == "openforge" else self.c.aclose())
 
 
 async def run_cell(variant: str, base: str, stream: bool, conc: int, seconds: float, max_req: int) -> dict:

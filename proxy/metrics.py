@@ -28,15 +28,22 @@ class Metrics:
         self.store_pending = Gauge("openforge_proxy_store_pending_ops", "Journaled writes not yet in the database",
                                    registry=r)
         self.paused = Gauge("openforge_proxy_paused", "1 while new calls are held (weight update)", registry=r)
+        self._children: dict[tuple, tuple] = {}
 
     def observe_call(self, rec: CallRecord, journal_s: float) -> None:
-        outcome = rec.error_class or "ok"
-        self.calls.labels(rec.api_surface, outcome, str(rec.token_exact).lower()).inc()
+        key = (rec.api_surface, rec.error_class or "ok", rec.token_exact)
+        children = self._children.get(key)
+        if children is None:  # labels() costs a lock and a dict walk per call: look each combination up once
+            surface, outcome, exact = key
+            children = self._children[key] = (self.calls.labels(surface, outcome, str(exact).lower()),
+                                               self.latency.labels(surface), self.ttft.labels(surface))
+        calls, latency, ttft = children
+        calls.inc()
         self.journal.observe(journal_s)
         if rec.latency_ms is not None:
-            self.latency.labels(rec.api_surface).observe(rec.latency_ms / 1000)
+            latency.observe(rec.latency_ms / 1000)
         if rec.ttft_ms is not None:
-            self.ttft.labels(rec.api_surface).observe(rec.ttft_ms / 1000)
+            ttft.observe(rec.ttft_ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
