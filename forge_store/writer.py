@@ -292,14 +292,17 @@ class Writer:
         with self._lock:
             return self._queued + len(self._incoming)
 
-    def close(self, timeout: float | None = 30.0) -> bool:
-        """Stop both threads. Waits up to ``timeout`` for the database; what is left stays in the journal."""
-        drained = self.flush(timeout)
+    def _signal_closing(self) -> None:
         with self._lock:
             self._closing = True
             self._give_up_on_close = True
             for cv in (self._incoming_cv, self._queue_cv, self._applied_cv):
                 cv.notify_all()
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Stop both threads. Waits up to ``timeout`` for the database; what is left stays in the journal."""
+        drained = self.flush(timeout)
+        self._signal_closing()
         for t in self._threads:
             t.join(timeout=max(timeout or 0, 5.0))
         if self._applied is not None:
@@ -418,11 +421,7 @@ class ProcessWriter(Writer):
     def close(self, timeout: float | None = 30.0) -> bool:
         """Wait up to ``timeout`` for the database, stop the child (it saves the checkpoint) and the threads."""
         drained = self.flush(timeout)
-        with self._lock:
-            self._closing = True
-            self._give_up_on_close = True
-            for cv in (self._incoming_cv, self._queue_cv, self._applied_cv):
-                cv.notify_all()
+        self._signal_closing()
         self._tell(b"q\n" if drained else b"Q\n")
         proc = self._proc
         if proc is not None:

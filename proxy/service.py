@@ -213,10 +213,7 @@ class ProxyService:
             raise
         rec.upstream_status = ans.status
         if ans.status != 200:
-            rec.error_class, rec.error_detail = f"upstream_http_{ans.status}", ans.body[:2000].decode(errors="replace")
-            await self._record(rec, t0, part)
-            body, media_type = adapter.upstream_error(ans.status, ans.body, ans.content_type)
-            return Reply(ans.status, body, media_type or JSON)
+            return await self._upstream_error(adapter, rec, t0, part, ans.status, ans.body, ans.content_type)
         try:
             data = orjson.loads(ans.body)
         except orjson.JSONDecodeError:
@@ -228,6 +225,14 @@ class ProxyService:
         await self._record(rec, t0, part)
         return Reply(200, orjson.dumps(adapter.answer(data, wants)))
 
+    async def _upstream_error(self, adapter, rec: CallRecord, t0: float, part, status: int, body: bytes,
+                              content_type: str | None) -> Reply:
+        """The upstream's own HTTP error: recorded, and passed on in the shape of the client's API."""
+        rec.error_class, rec.error_detail = f"upstream_http_{status}", body[:2000].decode(errors="replace")
+        await self._record(rec, t0, part)
+        body, media_type = adapter.upstream_error(status, body, content_type)
+        return Reply(status, body, media_type or JSON)
+
     # ---- a stream ---------------------------------------------------------------------------------------------
     async def _stream(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply | StreamReply:
         try:
@@ -238,10 +243,7 @@ class ProxyService:
         rec.upstream_status = stream.status
         if stream.status != 200:
             body = await stream.read_all()
-            rec.error_class, rec.error_detail = f"upstream_http_{stream.status}", body[:2000].decode(errors="replace")
-            await self._record(rec, t0, part)
-            body, media_type = adapter.upstream_error(stream.status, body, stream.content_type)
-            return Reply(stream.status, body, media_type or JSON)
+            return await self._upstream_error(adapter, rec, t0, part, stream.status, body, stream.content_type)
 
         begun = [False]
 
