@@ -292,3 +292,17 @@ def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
         serve.stop()
         server.shutdown()
         proxy.store.close()
+
+
+def test_a_bug_in_the_proxy_is_a_500_in_the_apis_shape_and_the_next_call_works(px, monkeypatch, caplog):
+    from proxy import openai_chat
+
+    token = px.register("r1")
+    real = openai_chat.prepare
+    monkeypatch.setattr(openai_chat, "prepare", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    r = _post(px, token, {"model": "m", "messages": USER})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "proxy_internal_error"
+    assert any("boom" in (rec.exc_text or "") for rec in caplog.records)  # the traceback is in the log
+    monkeypatch.setattr(openai_chat, "prepare", real)
+    assert _post(px, token, {"model": "m", "messages": USER}).status_code == 200
+    assert httpx.get(px.url + "/health").json()["in_flight"] == 0
