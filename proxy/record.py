@@ -67,26 +67,36 @@ class PromptCache:
         self.prepared: list = []
         self.images: list[list[str]] = []
         self.hits: list[set[str]] = []
+        self._version = 0  # bumped by every prepare, so a ``known`` prefix can be checked for staleness
 
-    def prepare(self, messages: list, put_blob, redactor: Redactor) -> PreparedPrompt:
+    def unchanged(self, messages: list) -> tuple[int, int]:
+        """How many leading ``messages`` equal the previous call's (only the rest is prepared), with the cache's
+        version; pass both to ``prepare`` as ``known`` so the comparison is not made twice."""
         with self._lock:
-            return self._prepare(messages, put_blob, redactor)
+            return self._same(messages), self._version
 
-    def _prepare(self, messages: list, put_blob, redactor: Redactor) -> PreparedPrompt:
+    def _same(self, messages: list) -> int:
         same = 0
         for old, new in zip(self.raw, messages):
             if old != new:
                 break
             same += 1
-        prepared, images, hits = self.prepared[:same], self.images[:same], self.hits[:same]
-        for m in messages[same:]:
-            (stored,), found = extract_images([m], put_blob)
-            h: set[str] = set()
-            prepared.append(redactor.apply(stored, h))
-            images.append(found)
-            hits.append(h)
-        self.raw, self.prepared, self.images, self.hits = list(messages), prepared, images, hits
-        return PreparedPrompt(prepared, [x for per in images for x in per], set().union(*hits) if hits else set())
+        return same
+
+    def prepare(self, messages: list, put_blob, redactor: Redactor,
+                known: tuple[int, int] | None = None) -> PreparedPrompt:
+        with self._lock:
+            same = known[0] if known is not None and known[1] == self._version else self._same(messages)
+            prepared, images, hits = self.prepared[:same], self.images[:same], self.hits[:same]
+            for m in messages[same:]:
+                (stored,), found = extract_images([m], put_blob)
+                h: set[str] = set()
+                prepared.append(redactor.apply(stored, h))
+                images.append(found)
+                hits.append(h)
+            self.raw, self.prepared, self.images, self.hits = list(messages), prepared, images, hits
+            self._version += 1
+            return PreparedPrompt(prepared, [x for per in images for x in per], set().union(*hits) if hits else set())
 
 
 _IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))

@@ -26,7 +26,7 @@ from forge_store.schema import utcnow
 from .adapters import as_adapter
 from .errors import ProxyError, UpstreamFailure
 from .metrics import Metrics
-from .record import Completion, has_inline_data
+from .record import Completion, PreparedPrompt, has_inline_data
 from .redaction import Redactor
 from .registry import Binding, Registry
 from .upstream import Pending, Upstream
@@ -136,10 +136,10 @@ class ProxyService:
         adapter.validate(body)
         tr = adapter.translate(body, self.dialect, binding.rollout_id)
         seq = binding.next_seq()
-        prompt = None
-        if has_inline_data(tr.messages, min(len(binding.prompts.raw), len(tr.messages))):
+        prompt, known = None, binding.prompts.unchanged(tr.messages)
+        if has_inline_data(tr.messages, known[0]):
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
-            prompt = await self._prepare(binding, tr.messages, images=True)
+            prompt = await asyncio.to_thread(self._prepare, binding, tr.messages, known)
         await self.registry.enter()
         relay_owns_exit = False
         try:
@@ -148,6 +148,7 @@ class ProxyService:
             except UpstreamFailure as exc:
                 pending, failure = None, exc
             try:
+                prompt = prompt or self._prepare(binding, tr.messages, known)
                 rec = self._record_for(headers, adapter, binding, body, tr, prompt, seq, started)
                 part = self.store.encode_prompt(rec)
             except BaseException:
@@ -166,13 +167,8 @@ class ProxyService:
             if not relay_owns_exit:
                 self.registry.leave()
 
-    def _record_for(self, headers: CallHeaders, adapter, binding: Binding, body: dict, tr, prompt, seq: int,
-                    started) -> CallRecord:
-        if prompt is None:
-            try:
-                prompt = binding.prompts.prepare(tr.messages, self.store.put_blob, self.redactor)
-            except InvalidRecord as exc:
-                raise ProxyError(400, str(exc), code="invalid_image") from None
+    def _record_for(self, headers: CallHeaders, adapter, binding: Binding, body: dict, tr, prompt: PreparedPrompt,
+                    seq: int, started) -> CallRecord:
         request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         call_id = uuid.uuid4().hex
         metadata = self._metadata(headers, prompt.redactions)
@@ -187,11 +183,10 @@ class ProxyService:
             metadata=metadata,
         )
 
-    async def _prepare(self, binding: Binding, messages: list, *, images: bool):
+    def _prepare(self, binding: Binding, messages: list, known: tuple[int, int]) -> PreparedPrompt:
+        """The stored copy of the prompt (images to the blob store, redaction); 400 for an undecodable image."""
         try:
-            if images:  # blob writes off the loop
-                return await asyncio.to_thread(binding.prompts.prepare, messages, self.store.put_blob, self.redactor)
-            return binding.prompts.prepare(messages, self.store.put_blob, self.redactor)
+            return binding.prompts.prepare(messages, self.store.put_blob, self.redactor, known)
         except InvalidRecord as exc:
             raise ProxyError(400, str(exc), code="invalid_image") from None
 

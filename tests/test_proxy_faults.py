@@ -61,6 +61,18 @@ def test_undecodable_image_is_400(px):
     assert px.up.double.requests == []
 
 
+def test_undecodable_image_in_a_rewritten_history_is_400_before_upstream(px):
+    """The image check covers every message that differs from the previous call's, not only the appended ones."""
+    token = px.register("r1")
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert _post(px, token, {"model": "m", "messages": history}).status_code == 200
+    bad = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!notb64"}}]
+    rewritten = [{"role": "user", "content": bad}, *history[1:], {"role": "user", "content": "d"}]
+    r = _post(px, token, {"model": "m", "messages": rewritten})
+    assert r.status_code == 400 and "not valid base64" in r.json()["error"]["message"]
+    assert len(px.up.double.requests) == 1  # the bad request never went upstream
+
+
 def test_upstream_down_is_502_and_recorded_as_infra_error(px):
     px.up.server.stop()
     client = px.client(px.register("r1"))
