@@ -21,18 +21,15 @@ from pydantic import BaseModel, ConfigDict
 
 from forge_store import InvalidRecord, NotFound, Store
 
-from . import anthropic_messages, messages_answer, openai_chat, openai_completions, openai_responses
+from . import anthropic_messages, openai_chat, openai_completions, openai_responses
 from .adapters import ChatShaped
-from .asgi import ProxyApp
+from .asgi import ProxyApp, error_reply
 from .errors import ProxyError
-from .service import ProxyService, parse_json, read_body
+from .service import CallHeaders, ProxyService, parse_json, read_body
 
 
 def _token_from_headers(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
-    if auth and auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return CallHeaders.from_asgi(request.scope["headers"]).token
 
 
 class RolloutIn(BaseModel):
@@ -84,10 +81,6 @@ def _no_websocket() -> ProxyError:
                       code="websocket_not_supported")
 
 
-def _is_messages(path: str) -> bool:
-    return path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
-
-
 def create_app(service: ProxyService, *, admin_token: str, responses_mode: str = "translate",
                messages_mode: str = "translate") -> ProxyApp:
     """``responses_mode`` / ``messages_mode``: "translate" (to upstream chat completions, token-exact) or "native"."""
@@ -111,9 +104,8 @@ def create_app(service: ProxyService, *, admin_token: str, responses_mode: str =
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError):
-        service.metrics.errors.labels(str(exc.status), exc.code or "").inc()
-        body = messages_answer.error_body(exc) if _is_messages(request.url.path) else exc.openai_body()
-        return Response(orjson.dumps(body), status_code=exc.status, media_type="application/json")
+        reply = error_reply(exc, request.url.path, service.metrics)
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

@@ -15,25 +15,27 @@ import logging
 
 import orjson
 
+from . import messages_answer
 from .errors import ProxyError
+from .metrics import Metrics
 from .service import CallHeaders, ClientGone, ProxyService, Reply, StreamReply
 
 log = logging.getLogger("proxy")
 
 
-def error_reply(exc: ProxyError, messages_api: bool) -> Reply:
-    """``exc`` in the shape of the API the route speaks (Anthropic's for ``/v1/messages``, else OpenAI's)."""
-    from .messages_answer import error_body
-
-    return Reply(exc.status, orjson.dumps(error_body(exc) if messages_api else exc.openai_body()))
+def error_reply(exc: ProxyError, path: str, metrics: Metrics) -> Reply:
+    """``exc`` counted, in the shape of the API the path speaks (Anthropic's under ``/v1/messages``, else OpenAI's).
+    Both edges answer errors through this: the hot routes here and FastAPI's exception handler."""
+    metrics.errors.labels(str(exc.status), exc.code or "").inc()
+    messages_api = path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
+    return Reply(exc.status, orjson.dumps(messages_answer.error_body(exc) if messages_api else exc.openai_body()))
 
 
 class ProxyApp:
     """ASGI app: ``routes`` maps a model-call path (``/v1/...``) to its adapter; the rest goes to ``fallback``."""
 
-    def __init__(self, service: ProxyService, routes: dict[str, object], fallback, *, messages_paths=("/v1/messages",)):
+    def __init__(self, service: ProxyService, routes: dict[str, object], fallback):
         self.service, self.routes, self.fallback = service, routes, fallback
-        self._messages_paths = frozenset(messages_paths)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -54,14 +56,12 @@ class ProxyApp:
         except ClientGone:
             return
         except ProxyError as exc:
-            self.service.metrics.errors.labels(str(exc.status), exc.code or "").inc()
-            reply = error_reply(exc, path in self._messages_paths)
+            reply = error_reply(exc, path, self.service.metrics)
         except Exception:
             log.exception("unexpected error serving %s", path)
             exc = ProxyError(500, "the proxy failed on this request (a bug: its log has the traceback); retry, and "
                                   "report it if it repeats", type="server_error", code="proxy_internal_error")
-            self.service.metrics.errors.labels("500", exc.code).inc()
-            reply = error_reply(exc, path in self._messages_paths)
+            reply = error_reply(exc, path, self.service.metrics)
         if isinstance(reply, StreamReply):
             await self._stream(reply, receive, send)
             return
