@@ -105,8 +105,9 @@ def _load_checkpoint(directory: Path) -> Position | None:
         ) from None
 
 
-def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> None:
-    """Atomically save ``pos`` as the journal's checkpoint (a temporary file per process, then a rename)."""
+def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> int:
+    """Atomically save ``pos`` as the journal's checkpoint (a temporary file per process, then a rename); returns
+    how many fsyncs that took."""
     path, tmp = directory / "CHECKPOINT", directory / f"CHECKPOINT.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump({"format": _CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
@@ -114,12 +115,14 @@ def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> None:
         if fsync:
             os.fsync(f.fileno())
     os.replace(tmp, path)
-    if fsync:
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    if not fsync:
+        return 0
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return 2
 
 
 def _delete_committed(directory: Path, pos: Position, active: int) -> None:
@@ -335,10 +338,9 @@ class Journal:
                 )
             if self._committed is not None and pos <= self._committed:
                 return
-            write_checkpoint(self.directory, pos, fsync=self._sync)
-            if self._sync:
-                with self._lock:
-                    self.fsync_count += 2
+            fsyncs = write_checkpoint(self.directory, pos, fsync=self._sync)
+            with self._lock:
+                self.fsync_count += fsyncs
             self._committed = pos
             _delete_committed(self.directory, pos, active)
 

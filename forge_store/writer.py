@@ -327,7 +327,7 @@ class ProcessWriter(Writer):
         self._proc: subprocess.Popen | None = None
         self._pipe_lock = threading.Lock()
         self._db_down_at: float | None = None
-        self._dead = 0
+        self._dead = self._dead_base = 0  # dead letters: all children / before the current child started
         self.restarts = 0
         super().__init__(engine, journal, linger_s=linger_s, **kwargs)
 
@@ -401,7 +401,6 @@ class ProcessWriter(Writer):
             elif kind == b"s":  # a (re)started child: its dead-letter count starts at zero
                 self._dead_base = self._dead
 
-    _dead_base = 0
 
     def _tell(self, command: bytes) -> None:
         with self._pipe_lock:

@@ -50,8 +50,7 @@ def proxy_command(
     err.print(f"proxy on http://{host}:{port} -> {proxy.service.upstream.base_url} ({dialect}); store {proxy.store.url}; "
               f"admin token in {settings.home / 'proxy-admin-token'}" if not settings.proxy_admin_token else "")
     # Everything allocated so far (modules, the app, the store's engine) lives as long as the process: moving it out
-    # of the collector's reach keeps full collections from walking it, which cut the proxy's p99 at 16 concurrent
-    # calls from ~92 to ~42 ms (bench/proxy_overhead.py).
+    # of the collector's reach keeps full collections from walking it on the request path.
     gc.collect()
     gc.freeze()
     try:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -229,7 +230,7 @@ def test_damaged_journal_middle_is_an_error_not_a_silent_loss(store_url, setting
 def test_a_killed_drain_process_is_restarted_and_loses_nothing(store_url, settings):
     with open_store(store_url, journal=True, settings=settings, drain="process") as st:
         assert st.writer_status()["drain"] == "process"
-        assert not any(t.name == "forge-store-writer" for t in __import__("threading").enumerate())
+        assert not any(t.name == "forge-store-writer" for t in threading.enumerate())
         for i in range(50):
             st.record_call(make_call(f"c{i}", f"r{i % 4}", i // 4))
         assert st.flush(30)
