@@ -79,8 +79,7 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.error = _Gone(exc, True)
-            self.closed = True
-            self.transport.close()
+            self.abort()
         self._wake()
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -130,6 +129,12 @@ class _Connection(asyncio.Protocol):
             timer.cancel()
             self.waiter = None
 
+    def abort(self) -> None:
+        """Close this connection for good (its answer is abandoned or broken)."""
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
     def take(self) -> bytes:
         out = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
         self.chunks.clear()
@@ -175,8 +180,7 @@ class Upstream:
 
     async def close(self) -> None:
         for conn in self._idle:
-            if not conn.closed:
-                conn.transport.close()
+            conn.abort()
         self._idle.clear()
 
     def _fail(self, exc: BaseException, path: str) -> UpstreamFailure:
@@ -198,8 +202,8 @@ class Upstream:
                 loop.create_connection(lambda: _Connection(loop), self._host, self._port, ssl=self._ssl,
                                        server_hostname=self._host if self._ssl else None),
                 self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
-            raise self._fail(exc if not isinstance(exc, asyncio.TimeoutError) else
+        except OSError as exc:  # TimeoutError and ssl.SSLError among them
+            raise self._fail(exc if not isinstance(exc, TimeoutError) else
                              ConnectionError(f"no connection within {self.connect_timeout_s}s"), path) from exc
         return conn
 
@@ -209,8 +213,7 @@ class Upstream:
             conn = self._idle.pop()
             if not conn.closed and now - conn.idle_since < _KEEPALIVE_S:
                 return conn
-            if not conn.closed:
-                conn.transport.close()
+            conn.abort()
         return None
 
     def _checkin(self, conn: _Connection) -> None:
@@ -218,9 +221,8 @@ class Upstream:
             conn.idle_since = time.monotonic()
             conn._reset()
             self._idle.append(conn)
-        elif not conn.closed:
-            conn.closed = True
-            conn.transport.close()
+        else:
+            conn.abort()
 
     async def send(self, method: str, path: str, body: bytes | None = None) -> Pending:
         """Write the request and return at once (connecting first if no pooled connection is free); the answer is
@@ -237,21 +239,26 @@ class Upstream:
             self._slots.release()
             raise
 
-    async def _read_rest(self, conn: _Connection, path: str) -> bytes:
-        parts = []
+    async def _body(self, conn: _Connection, path: str) -> AsyncIterator[bytes]:
+        """The answer's body as it arrives (what came since the last step, joined); UpstreamFailure if it breaks
+        off or goes silent past the read timeout."""
         try:
             while True:
                 if conn.chunks:
-                    parts.append(conn.take())
-                if conn.done:
-                    return b"".join(parts) if len(parts) != 1 else parts[0]
-                if conn.error is not None:
+                    yield conn.take()
+                elif conn.done:
+                    return
+                elif conn.error is not None:
                     raise conn.error
-                await conn.wait(self.read_timeout_s)
+                else:
+                    await conn.wait(self.read_timeout_s)
         except (_Gone, TimeoutError) as exc:
-            conn.closed = True
-            conn.transport.close()
+            conn.abort()
             raise self._fail(exc, path) from None
+
+    async def _read_rest(self, conn: _Connection, path: str) -> bytes:
+        parts = [data async for data in self._body(conn, path)]
+        return b"".join(parts) if len(parts) != 1 else parts[0]
 
     def _finish(self, conn: _Connection) -> None:
         self._checkin(conn)
@@ -294,15 +301,11 @@ class Pending:
                             raise conn.error
                         await conn.wait(up.read_timeout_s)
                     return conn
-                except _Gone as exc:
-                    conn.closed = True
-                    if attempt == 1 and self._reused and not exc.started:
+                except (_Gone, TimeoutError) as exc:
+                    conn.abort()
+                    if attempt == 1 and self._reused and isinstance(exc, _Gone) and not exc.started:
                         await self._write()  # a keep-alive connection the server had closed
                         continue
-                    raise up._fail(exc, self._path) from None
-                except TimeoutError as exc:
-                    conn.closed = True
-                    conn.transport.close()
                     raise up._fail(exc, self._path) from None
             raise AssertionError("unreachable")
         except BaseException:
@@ -322,8 +325,7 @@ class Pending:
     def cancel(self) -> None:
         """Give up on the answer (the caller failed before awaiting it): the connection is closed."""
         if self._conn is not None:
-            self._conn.closed = True
-            self._conn.transport.close()
+            self._conn.abort()
             self._upstream._finish(self._conn)
             self._conn = None
 
@@ -346,33 +348,20 @@ class UpstreamStream:
     async def batches(self) -> AsyncIterator[list[bytes]]:
         """SSE events as they arrive, in lists of those that arrived together (nothing is held back for a later
         one: a token the engine sent is relayed at once). UpstreamFailure if the upstream dies."""
-        conn, buf = self._conn, b""
-        while True:
-            if conn.chunks:
-                buf = buf + conn.take() if buf else conn.take()
-                events, start = [], 0
-                while True:
-                    cut = buf.find(b"\n\n", start)
-                    if cut < 0:
-                        break
-                    if cut > start and buf[start:cut].strip():
-                        events.append(buf[start:cut])
-                    start = cut + 2
-                buf = buf[start:]
-                if events:
-                    yield events
-                continue
-            if conn.done:
-                break
-            if conn.error is not None:
-                conn.closed = True
-                raise self._upstream._fail(conn.error, self._path)
-            try:
-                await conn.wait(self._upstream.read_timeout_s)
-            except TimeoutError as exc:
-                conn.closed = True
-                conn.transport.close()
-                raise self._upstream._fail(exc, self._path) from None
+        buf = b""
+        async for data in self._upstream._body(self._conn, self._path):
+            buf = buf + data if buf else data
+            events, start = [], 0
+            while True:
+                cut = buf.find(b"\n\n", start)
+                if cut < 0:
+                    break
+                if cut > start and buf[start:cut].strip():
+                    events.append(buf[start:cut])
+                start = cut + 2
+            buf = buf[start:]
+            if events:
+                yield events
         if buf.strip():
             yield [buf]
 
