@@ -250,12 +250,16 @@ class Writer:
                 self.journal.mark_committed(last)  # replay after a crash re-applies at most this much, harmlessly
                 self._checkpointed_at = time.monotonic()
             with self._lock:
-                self._applied = last
-                while self._marks and self._marks[0][0] <= last:
-                    self._applied_n = self._marks.popleft()[1]
-                self.batches += 1
-                self.applied_ops += sum(len(ops) for _, ops in groups)
-                self._applied_cv.notify_all()
+                self._mark_applied(last, sum(len(ops) for _, ops in groups))
+
+    def _mark_applied(self, last: Position, n_ops: int) -> None:
+        """A batch through ``last`` is in the database: advance what ``flush`` waits for (caller holds the lock)."""
+        self._applied = last
+        while self._marks and self._marks[0][0] <= last:
+            self._applied_n = self._marks.popleft()[1]
+        self.batches += 1
+        self.applied_ops += n_ops
+        self._applied_cv.notify_all()
 
     def _apply_with_retry(self, ops: list[dict]) -> bool:
         def wait(delay: float) -> bool:
@@ -387,20 +391,13 @@ class ProcessWriter(Writer):
         kind = words[0]
         with self._lock:
             if kind == b"a":  # applied through a position
-                last = Position(int(words[1]), int(words[2]))
-                self._applied = last
-                while self._marks and self._marks[0][0] <= last:
-                    self._applied_n = self._marks.popleft()[1]
-                self.batches += 1
-                self.applied_ops += int(words[3])
-                self._applied_cv.notify_all()
+                self._mark_applied(Position(int(words[1]), int(words[2])), int(words[3]))
             elif kind == b"d":  # database down (1) or back (0)
                 self._db_down_at = time.monotonic() if words[1] == b"1" else None
             elif kind == b"x":  # dead letters so far (this child)
                 self._dead = self._dead_base + int(words[1])
             elif kind == b"s":  # a (re)started child: its dead-letter count starts at zero
                 self._dead_base = self._dead
-
 
     def _tell(self, command: bytes) -> None:
         with self._pipe_lock:
@@ -410,7 +407,7 @@ class ProcessWriter(Writer):
             try:
                 proc.stdin.write(command)
                 proc.stdin.flush()
-            except (BrokenPipeError, ValueError, OSError):
+            except (ValueError, OSError):  # the child is gone (the supervisor restarts it) or its pipe closed
                 pass
 
     def flush(self, timeout: float | None = None) -> bool:
