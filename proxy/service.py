@@ -201,11 +201,7 @@ class ProxyService:
 
     # ---- one answer -----------------------------------------------------------------------------------------
     async def _unary(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply:
-        try:
-            ans = await pending.answer()
-        except UpstreamFailure as exc:
-            await self._record_failure(rec, t0, exc)
-            raise
+        ans = await self._recording_failure(pending.answer(), rec, t0)
         rec.upstream_status = ans.status
         if ans.status != 200:
             return await self._upstream_error(adapter, rec, t0, part, ans.status, ans.body, ans.content_type)
@@ -230,11 +226,7 @@ class ProxyService:
 
     # ---- a stream ---------------------------------------------------------------------------------------------
     async def _stream(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply | StreamReply:
-        try:
-            stream = await pending.stream()
-        except UpstreamFailure as exc:
-            await self._record_failure(rec, t0, exc)
-            raise
+        stream = await self._recording_failure(pending.stream(), rec, t0)
         rec.upstream_status = stream.status
         if stream.status != 200:
             body = await stream.read_all()
@@ -307,6 +299,14 @@ class ProxyService:
         rec.prompt_token_ids, rec.completion_token_ids = comp.prompt_token_ids, comp.completion_token_ids
         rec.completion_logprobs = comp.checked_logprobs()
         rec.token_exact = comp.token_exact and rec.error_class is None
+
+    async def _recording_failure(self, awaitable, rec: CallRecord, t0: float):
+        """``await awaitable``; an UpstreamFailure is recorded on ``rec`` before it goes on to the client."""
+        try:
+            return await awaitable
+        except UpstreamFailure as exc:
+            await self._record_failure(rec, t0, exc)
+            raise
 
     async def _record_failure(self, rec: CallRecord, t0: float, exc: UpstreamFailure) -> None:
         rec.error_class, rec.error_detail = exc.error_class, exc.message
