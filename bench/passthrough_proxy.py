@@ -23,7 +23,11 @@ def make_app(upstream: str):
             while True:
                 msg = await receive()
                 if msg["type"] == "lifespan.startup":
-                    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024), auto_decompress=False)
+                    # keep-alive under the upstream's own (uvicorn: 5 s), as the recording proxy's client does: with
+                    # aiohttp's 15 s, a connection idle between the bench's phases was reused just as the upstream
+                    # closed it, and the reset came back as a 500 that failed the run
+                    conn = aiohttp.TCPConnector(limit=1024, keepalive_timeout=3)
+                    session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
                     await session.close()

@@ -14,11 +14,12 @@ Field placement follows vLLM's OpenAI server (vllm/entrypoints/openai/chat_compl
 from __future__ import annotations
 
 import itertools
-import json
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from proxy.testing.script import Text, ToolCalls
 from proxy.testing.tokenizer import ChatTokenizer, render_tool_calls
@@ -189,7 +190,7 @@ def chat_body(call: Call, tok: ChatTokenizer, a: Answer) -> dict[str, Any]:
 
 
 def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
