@@ -114,3 +114,15 @@ def test_undecodable_image_names_the_message(tmp_path):
     with pytest.raises(InvalidRecord, match="not base64"):
         extract_images([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,plain"}}]}],
                        lambda d, m: "x")
+
+
+def test_common_prefix_agrees_with_a_plain_scan():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 60))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 5))]
+        expect = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix_items(ids_to_bytes(a), ids_to_bytes(b)) == expect
+        assert common_prefix_items(memoryview(ids_to_bytes(a)), bytearray(ids_to_bytes(b))) == expect
