@@ -37,38 +37,50 @@ class ProxyApp:
     def __init__(self, service: ProxyService, routes: dict[str, object], fallback):
         self.service, self.routes, self.fallback = service, routes, fallback
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path, token = scope["path"], None
-            adapter = self.routes.get(path)
-            if adapter is None and path.startswith("/r/"):
-                token, _, rest = path[3:].partition("/")
-                path = "/" + rest
-                adapter = self.routes.get(path) if token else None
+    def route(self, path: str) -> tuple[object, str, str | None] | None:
+        """(adapter, API path, token from the path) for a model-call POST to ``path``; None for any other route."""
+        adapter = self.routes.get(path)
+        if adapter is not None:
+            return adapter, path, None
+        if path.startswith("/r/"):
+            token, _, rest = path[3:].partition("/")
+            adapter = self.routes.get("/" + rest) if token else None
             if adapter is not None:
-                await self._call(adapter, path, token, scope, receive, send)
+                return adapter, "/" + rest, token
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and (hit := self.route(scope["path"])) is not None:
+            adapter, path, token = hit
+            reply = await self.answer(adapter, path, token, CallHeaders.from_asgi(scope["headers"]), receive)
+            if reply is None:
                 return
+            if isinstance(reply, StreamReply):
+                await self._stream(reply, receive, send)
+                return
+            await send({"type": "http.response.start", "status": reply.status,
+                        "headers": [(b"content-type", reply.content_type.encode()),
+                                    (b"content-length", str(len(reply.body)).encode())]})
+            await send({"type": "http.response.body", "body": reply.body})
+            return
         await self.fallback(scope, receive, send)
 
-    async def _call(self, adapter, path: str, token: str | None, scope, receive, send) -> None:
+    async def answer(self, adapter, path: str, token: str | None, headers: CallHeaders, receive,
+                     body: bytes | None = None) -> Reply | StreamReply | None:
+        """The reply to one model call (errors as replies in the API's shape); None when the client left before its
+        request arrived. ``body``: the request body when the server has read it already, else ``receive`` reads it.
+        Both servers go through here: this ASGI app's ``__call__`` and ``proxy.front``'s own HTTP server."""
         try:
-            reply = await self.service.call(CallHeaders.from_asgi(scope["headers"]), receive, adapter, token)
+            return await self.service.call(headers, receive, adapter, token, body)
         except ClientGone:
-            return
+            return None
         except ProxyError as exc:
-            reply = error_reply(exc, path, self.service.metrics)
+            return error_reply(exc, path, self.service.metrics)
         except Exception:
             log.exception("unexpected error serving %s", path)
             exc = ProxyError(500, "the proxy failed on this request (a bug: its log has the traceback); retry, and "
                                   "report it if it repeats", type="server_error", code="proxy_internal_error")
-            reply = error_reply(exc, path, self.service.metrics)
-        if isinstance(reply, StreamReply):
-            await self._stream(reply, receive, send)
-            return
-        await send({"type": "http.response.start", "status": reply.status,
-                    "headers": [(b"content-type", reply.content_type.encode()),
-                                (b"content-length", str(len(reply.body)).encode())]})
-        await send({"type": "http.response.body", "body": reply.body})
+            return error_reply(exc, path, self.service.metrics)
 
     @staticmethod
     async def _stream(reply: StreamReply, receive, send) -> None:

@@ -19,27 +19,32 @@ def proxy_command(
     policy_version: Optional[str] = typer.Option(None, "--policy-version", help="Policy version current at start."),
     upstream_api_key: Optional[str] = typer.Option(None, "--upstream-api-key", help="API key the proxy presents "
                                                    "to the upstream (default: OPENFORGE_PROXY_UPSTREAM_API_KEY)."),
-    workers_log: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    workers_log: str = typer.Option("warning", "--log-level", help="Log level of the proxy's own log."),
 ) -> None:
     """Run the recording proxy: harnesses call it instead of the inference server, every call lands in the store."""
+    import asyncio
     import gc
+    import logging
+    import signal
     import socket
 
-    import uvicorn
+    import uvloop
     from rich.console import Console
 
     from forge_store import JournalError, StoreError, get_settings
 
+    from .front import FrontServer
     from .server import build_proxy
 
     err = Console(stderr=True)
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            err.print(f"[bold red]error:[/] cannot listen on {host}:{port} ({exc.strerror}); pick another --port")
-            raise typer.Exit(2) from None
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot listen on {host}:{port} ({exc.strerror}); pick another --port")
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=workers_log.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = get_settings()
     try:
         proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
@@ -53,8 +58,15 @@ def proxy_command(
     # of the collector's reach keeps full collections from walking it on the request path.
     gc.collect()
     gc.freeze()
+    front = FrontServer(proxy.app, max_body=settings.proxy_max_body_bytes)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, front.stop)
+        await front.serve([listener])
+
     try:
-        uvicorn.run(proxy.app, host=host, port=port, log_level=workers_log, access_log=False, loop="uvloop",
-                    http="httptools")
+        uvloop.run(serve())
     finally:
         proxy.store.close()

@@ -84,11 +84,16 @@ class StreamReply:
     abandon: Callable[[], None] | None = None  # frees what ``chunks`` holds if it is dropped before its first step
 
 
+def too_large(limit: int, declared: int | None = None) -> ProxyError:
+    size = f"request body of {declared:,} bytes is" if declared is not None else "request body is"
+    return ProxyError(413, f"{size} over the proxy's limit of {limit:,} bytes; raise OPENFORGE_PROXY_MAX_BODY_BYTES "
+                           "if this is intended", code="body_too_large")
+
+
 async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
     """The request body from ASGI ``receive``; 413 past ``limit`` bytes (declared or counted)."""
     if declared and declared.isdigit() and int(declared) > limit:
-        raise ProxyError(413, f"request body of {int(declared):,} bytes is over the proxy's limit of {limit:,} bytes; "
-                              "raise OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
+        raise too_large(limit, int(declared))
     body, more = b"", True
     while more:
         message = await receive()
@@ -96,8 +101,7 @@ async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes
             raise ClientGone()
         chunk, more = message.get("body", b""), message.get("more_body", False)
         if len(body) + len(chunk) > limit:
-            raise ProxyError(413, f"request body is over the proxy's limit of {limit:,} bytes; raise "
-                                  "OPENFORGE_PROXY_MAX_BODY_BYTES if this is intended", code="body_too_large")
+            raise too_large(limit)
         body = body + chunk if body else chunk
     return body
 
@@ -121,9 +125,11 @@ class ProxyService:
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
         self._background: set[asyncio.Task] = set()
 
-    async def call(self, headers: CallHeaders, receive: Receive, adapter, token: str | None) -> Reply | StreamReply:
+    async def call(self, headers: CallHeaders, receive: Receive, adapter, token: str | None,
+                   raw: bytes | None = None) -> Reply | StreamReply:
         """Serve one model call through ``adapter`` (see ``proxy.adapters`` for the protocol it speaks). ``token``:
-        from the path (``/r/{token}/...``), else the headers'.
+        from the path (``/r/{token}/...``), else the headers'. ``raw``: the request body if the server has read it
+        (and held it to the body limit), else ``receive`` gives it.
 
         The request goes upstream as soon as it is translated; what only the stored copy needs (redaction, hashes,
         the record's request side) is done while the upstream works, off the call's critical path."""
@@ -131,7 +137,8 @@ class ProxyService:
         started = utcnow()
         adapter = as_adapter(adapter)
         binding = await self.registry.authorize(token or headers.token)
-        raw = await read_body(receive, headers.content_length, self.max_body)
+        if raw is None:
+            raw = await read_body(receive, headers.content_length, self.max_body)
         body = parse_json(raw)
         adapter.validate(body)
         tr = adapter.translate(body, self.dialect, binding.rollout_id)

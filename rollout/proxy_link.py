@@ -79,13 +79,13 @@ def served_models(upstream: str) -> list[str]:
 
 
 class EmbeddedProxy:
-    """A recording proxy served by uvicorn in a thread, on a free loopback port and on a Unix socket."""
+    """A recording proxy served (``proxy.front``, as ``openforge proxy`` does) in a thread, on a free loopback port and
+    on a Unix socket."""
 
     def __init__(self, upstream_url: str, *, store, settings, socket_path: Path, dialect: str = "vllm",
                  policy_version: str | None = None, upstream_api_key: str | None = None):
-        import uvicorn
-
         from proxy import build_proxy
+        from proxy.front import FrontServer
 
         self.proxy = build_proxy(upstream_url, settings=settings, store=store, dialect=dialect,
                                  policy_version=policy_version, upstream_api_key=upstream_api_key)
@@ -99,20 +99,13 @@ class EmbeddedProxy:
         os.chmod(self.socket_path, 0o666)
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         self.admin_token = self.proxy.admin_token
-        self.server = uvicorn.Server(uvicorn.Config(self.proxy.app, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [tcp, uds]}, daemon=True,
-                                       name="embedded-proxy")
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ProxyUnavailable("the embedded proxy did not start (see the log above)")
-            time.sleep(0.01)
+        self.server = FrontServer(self.proxy.app, max_body=settings.proxy_max_body_bytes, graceful_s=2)
+        self.server.start_in_thread([tcp, uds], name="embedded-proxy", on_failure=lambda: ProxyUnavailable(
+            "the embedded proxy did not start (see the log above)"))
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.server.stop()
+        self.server.join(10)
         self.socket_path.unlink(missing_ok=True)
 
 

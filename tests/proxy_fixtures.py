@@ -14,14 +14,19 @@ import uvicorn
 
 from forge_store import Settings
 from proxy import Proxy, build_proxy
+from proxy.asgi import ProxyApp
+from proxy.front import FrontServer
 from proxy.testing import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
 
 
 class ServeInThread:
-    """Serve an ASGI app with uvicorn (lifespan on) in a background thread on a free loopback port."""
+    """Serve an app in a background thread on a free loopback port: a ``ProxyApp`` on the proxy's own HTTP server
+    (``proxy.front``, what ``openforge proxy`` runs), any other ASGI app, or a ProxyApp with ``server="uvicorn"``
+    (the ASGI path other servers take), on uvicorn with lifespan on."""
 
-    def __init__(self, app, port: int = 0):
+    def __init__(self, app, port: int = 0, server: str = "front"):
         self.app, self.port = app, port
+        self.kind = "front" if server == "front" and isinstance(app, ProxyApp) else "uvicorn"
         self.server = self.thread = None
 
     def start(self) -> str:
@@ -29,6 +34,10 @@ class ServeInThread:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
+        if self.kind == "front":
+            self.server = FrontServer(self.app, max_body=self.app.service.max_body, graceful_s=2)
+            self.server.start_in_thread([sock])
+            return f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
                                                     timeout_graceful_shutdown=2))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -40,6 +49,10 @@ class ServeInThread:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        if self.kind == "front":
+            self.server.stop()
+            self.server.join(10)
+            return
         self.server.should_exit = True
         self.thread.join(10)
 
