@@ -18,7 +18,7 @@ import orjson
 from . import messages_answer
 from .errors import ProxyError
 from .metrics import Metrics
-from .service import CallHeaders, ClientGone, ProxyService, Reply, StreamReply
+from .service import CallHeaders, ClientGone, Last, ProxyService, Reply, StreamReply
 
 log = logging.getLogger("proxy")
 
@@ -101,10 +101,14 @@ class ProxyApp:
         try:
             await send({"type": "http.response.start", "status": reply.status,
                         "headers": [(b"content-type", reply.content_type.encode()), (b"cache-control", b"no-cache")]})
+            ended = False
             async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                ended = type(chunk) is Last  # the final piece ends the body: one send, not two
+                if chunk or ended:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             watch.remove_done_callback(on_message)
-            await send({"type": "http.response.body", "body": b""})
+            if not ended:
+                await send({"type": "http.response.body", "body": b""})
         except asyncio.CancelledError:
             if not gone:
                 raise

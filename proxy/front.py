@@ -31,7 +31,7 @@ import httptools
 
 from .asgi import ProxyApp, error_reply
 from .errors import ProxyError
-from .service import CallHeaders, Reply, StreamReply, too_large
+from .service import CallHeaders, Last, Reply, StreamReply, too_large
 
 log = logging.getLogger("proxy")
 
@@ -242,13 +242,18 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n"
                                  % (_status_line(reply.status), reply.content_type.encode(),
                                     b"" if keep_alive else b"connection: close\r\n"))
+            ended = False
             async for chunk in chunks:
-                self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                data = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b""
+                if type(chunk) is Last:  # the stream's final piece and the transfer's end: one write
+                    data, ended = data + b"0\r\n\r\n", True
+                if data:
+                    self.transport.write(data)
                 if self._writable is not None:
                     await self._writable
                 if self.gone:
                     break
-            if not self.gone:
+            if not self.gone and not ended:
                 self.transport.write(b"0\r\n\r\n")
         except asyncio.CancelledError:
             if not self.gone:

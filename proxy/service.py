@@ -74,6 +74,10 @@ class Reply:
     content_type: str = JSON
 
 
+class Last(bytes):
+    """A stream's final piece (the server may send it together with the end of the transfer)."""
+
+
 @dataclass(slots=True)
 class StreamReply:
     """An SSE answer: ``chunks`` yields the client's bytes; closing it early records what was sent so far."""
@@ -266,28 +270,27 @@ class ProxyService:
                             out.append(piece)
                         if relay.done:
                             break
+                    if relay.done:  # what came with the upstream's end leaves with ours (below): one write, not two
+                        break
                     if out:
                         yield b"".join(out)
                         out.clear()
-                    if relay.done:
-                        break
             except UpstreamFailure as exc:
                 rec.error_class, rec.error_detail = exc.error_class, exc.message
                 out.append(relay.failure(exc))
-                yield b"".join(out)
             except orjson.JSONDecodeError as exc:  # the upstream broke its own protocol: say so, keep what came
                 failure = UpstreamFailure(502, f"upstream sent a stream event that is not JSON ({exc})",
                                           "upstream_protocol")
                 rec.error_class, rec.error_detail = failure.error_class, failure.message
                 out.append(relay.failure(failure))
-                yield b"".join(out)
             if not relay.done and rec.error_class is None:
                 rec.error_class = "upstream_stream_truncated"
             self._fill(rec, relay.result())
             recorded = True
             await self._record(rec, t0, part)  # before the terminal event: a client with a whole answer finds it stored
             if end := relay.end():
-                yield end
+                out.append(end)
+            yield Last(b"".join(out))
         finally:
             stream.close()
             self.registry.leave()
