@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -117,6 +118,19 @@ def make_proxy(up: Up, tmp_path, store_url: str | None = None, **settings) -> tu
     proxy = build_proxy(up.url, settings=s, store_url=store_url or f"sqlite:///{tmp_path / 'proxy.sqlite'}")
     serve = ServeInThread(proxy.app)
     return ProxyHarness(proxy, serve.start(), up), serve
+
+
+@contextlib.contextmanager
+def running_proxy(up: Up, tmp_path, **settings):
+    """``make_proxy`` for one ``with`` block: the harness, then stopped and its store closed (``.server``: the
+    server, for tests that look at its connections)."""
+    harness, serve = make_proxy(up, tmp_path, **settings)
+    harness.server = serve.server
+    try:
+        yield harness
+    finally:
+        serve.stop()
+        harness.store.close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy.testing import Delay, Text
-from tests.proxy_fixtures import ServeInThread, make_proxy
+from tests.proxy_fixtures import ServeInThread, make_proxy, running_proxy
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -104,8 +104,7 @@ def test_keep_alive_serves_many_calls_on_one_connection_and_http10_closes(px):
 
 
 def test_declared_body_over_the_limit_is_413_while_the_client_is_still_sending(up, tmp_path):
-    px, serve = make_proxy(up, tmp_path, proxy_max_body_bytes=64 << 10)
-    try:
+    with running_proxy(up, tmp_path, proxy_max_body_bytes=64 << 10) as px:
         token = px.register("r1")
         with _connect(px) as s:
             body = b"x" * (4 << 20)
@@ -119,14 +118,10 @@ def test_declared_body_over_the_limit_is_413_while_the_client_is_still_sending(u
         assert r.status_code == 413 and "limit of 65,536 bytes" in r.json()["error"]["message"]
         assert r.headers["connection"] == "close" and up.double.requests == []
         assert 'openforge_proxy_errors_total{code="body_too_large",status="413"} 1.0' in httpx.get(px.url + "/metrics").text
-    finally:
-        serve.stop()
-        px.store.close()
 
 
 def test_chunked_body_over_the_limit_is_413_and_a_chunked_body_under_it_is_served(up, tmp_path):
-    px, serve = make_proxy(up, tmp_path, proxy_max_body_bytes=4096)
-    try:
+    with running_proxy(up, tmp_path, proxy_max_body_bytes=4096) as px:
         token = px.register("r1")
         small = json.dumps({"model": "m", "messages": USER}).encode()
         head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
@@ -138,9 +133,6 @@ def test_chunked_body_over_the_limit_is_413_and_a_chunked_body_under_it_is_serve
             (big,) = _read_responses(s, 1)
         assert ok.status_code == 200
         assert big.status_code == 413 and "limit of 4,096 bytes" in big.json()["error"]["message"]
-    finally:
-        serve.stop()
-        px.store.close()
 
 
 @pytest.mark.parametrize("raw, status, fragment", [
@@ -183,16 +175,15 @@ def test_a_client_that_stops_reading_holds_back_only_its_own_stream(up, tmp_path
     """Backpressure: a stream whose client reads nothing waits once the socket's buffers are full (the proxy does not
     queue the whole answer in memory); other calls go on, and the stalled one is recorded, cut where the client
     stopped, when its client leaves."""
-    px, serve = make_proxy(up, tmp_path)
-    try:
+    with running_proxy(up, tmp_path) as px:
         up.double.script.extend([Text("word " * 6000)])
         token = px.register("stalled")
-        before = set(serve.server.connections)
+        before = set(px.server.connections)
         s = _connect(px, rcvbuf=4096)
         deadline = time.monotonic() + 5
-        while not (set(serve.server.connections) - before) and time.monotonic() < deadline:
+        while not (set(px.server.connections) - before) and time.monotonic() < deadline:
             time.sleep(0.01)
-        (conn,) = set(serve.server.connections) - before
+        (conn,) = set(px.server.connections) - before
         # loopback's autotuned send buffer would swallow the whole answer (megabytes): a small one makes it wait
         conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         s.sendall(_request(token, {"model": "m", "messages": USER, "stream": True, "max_tokens": 7000}))
@@ -207,9 +198,6 @@ def test_a_client_that_stops_reading_holds_back_only_its_own_stream(up, tmp_path
         (call,) = px.calls("stalled")
         assert call.error_class == "client_disconnected"
         assert 0 < len(call.completion_token_ids) < 6000  # it stopped where the client stopped reading
-    finally:
-        serve.stop()
-        px.store.close()
 
 
 def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones(up, tmp_path):
