@@ -12,10 +12,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import orjson
+
 from .errors import InvalidRecord
 from .hashing import canonical_json, json_sha256, sha256_hex
 from .records import API_SURFACES, CallRecord
-from .tokens import common_prefix_items, ids_to_bytes, pack_ids, pack_logprobs
+from .tokens import IdsText, common_prefix_items, common_prefix_text, ids_to_bytes, pack_ids, pack_logprobs
 
 
 @dataclass(slots=True)
@@ -36,6 +38,7 @@ class _RolloutState:
     messages: list[dict]
     prompt_hashes: list[str]
     full_ids: bytes | None  # prompt + completion token ids, uint32 LE
+    full_text: bytes | None = None  # the same as id text, when the prompt's ids came as text (IdsText)
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -97,7 +100,11 @@ class CallEncoder:
         bodies, hashes, tools_body, tools_hash = prompt.bodies, prompt.hashes, prompt.tools_body, prompt.tools_hash
         with self._lock:
             state = self._rollouts.get(rec.rollout_id) if rec.rollout_id else None
-        prompt_raw = ids_to_bytes(rec.prompt_token_ids) if rec.prompt_token_ids is not None else None
+        prompt_raw = prompt_text = None
+        if isinstance(rec.prompt_token_ids, IdsText):  # kept as text: the writer packs it (see IdsText)
+            prompt_text = rec.prompt_token_ids.text
+        elif rec.prompt_token_ids is not None:
+            prompt_raw = ids_to_bytes(rec.prompt_token_ids)
         response_body = canonical_json(rec.response_message).decode() if rec.response_message is not None else None
         response_message_hash = sha256_hex(response_body.encode()) if response_body is not None else None
         # Without a hash from the caller, hash the request Merkle-style (message hashes, tools hash, params):
@@ -117,23 +124,30 @@ class CallEncoder:
             self._remember(self._recent_calls, rec.id, self.max_hashes)
             if rec.rollout_id and self._rollouts.get(rec.rollout_id) is not state:
                 state = self._rollouts.get(rec.rollout_id)  # another call of this rollout got in between
-            base_call, base_len, ids_base, ids_prefix = None, 0, None, 0
+            base_call, base_len, ids_base, ids_prefix, cut = None, 0, None, 0, 0
             if state is not None:
                 base_len = _common_prefix(state.prompt_hashes, hashes)
                 base_call = state.call_id if base_len else None
                 if prompt_raw is not None and state.full_ids:
                     ids_prefix = common_prefix_items(state.full_ids, prompt_raw)
-                    ids_base = state.call_id if ids_prefix else None
+                elif prompt_text is not None and state.full_text:
+                    ids_prefix, cut = common_prefix_text(state.full_text, prompt_text)
+                ids_base = state.call_id if ids_prefix else None
             new_msgs = {}
             for h, body, m in zip(hashes[base_len:], bodies[base_len:], rec.messages[base_len:]):
                 if h not in self._journaled:
                     new_msgs[h] = (m.get("role"), body if body is not None else canonical_json(m).decode())
                 self._remember(self._journaled, h, self.max_hashes)
             if rec.rollout_id:
-                full = None
+                full = full_text = None
                 if prompt_raw is not None:
                     full = prompt_raw + (ids_to_bytes(rec.completion_token_ids) if rec.completion_token_ids else b"")
-                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, list(rec.messages), hashes, full)
+                elif prompt_text is not None:
+                    full_text = prompt_text
+                    if rec.completion_token_ids:
+                        done = orjson.dumps(list(rec.completion_token_ids))[1:-1]
+                        full_text = full_text + b"," + done if full_text else done
+                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, list(rec.messages), hashes, full, full_text)
                 self._rollouts.move_to_end(rec.rollout_id)
                 while len(self._rollouts) > self.max_rollouts:
                     self._rollouts.popitem(last=False)
@@ -166,8 +180,10 @@ class CallEncoder:
             "finish_reason": rec.finish_reason,
             "prompt_ids_base_call_id": ids_base,
             "prompt_ids_prefix_len": ids_prefix,
-            "prompt_ids_tail": pack_ids(prompt_raw[ids_prefix * 4 :], compress=False) if prompt_raw is not None else None,
-            "n_prompt_tokens": len(prompt_raw) // 4 if prompt_raw is not None else None,
+            "prompt_ids_tail": (pack_ids(prompt_raw[ids_prefix * 4 :], compress=False) if prompt_raw is not None
+                                else b"T" + prompt_text[cut:] if prompt_text is not None else None),
+            "n_prompt_tokens": (len(prompt_raw) // 4 if prompt_raw is not None
+                                else len(rec.prompt_token_ids) if prompt_text is not None else None),
             "completion_ids": (pack_ids(rec.completion_token_ids, compress=False)
                                if rec.completion_token_ids is not None else None),
             "completion_logprobs": pack_logprobs(rec.completion_logprobs) if rec.completion_logprobs is not None else None,

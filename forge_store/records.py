@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .tokens import IdsText
 
 API_SURFACES = ("chat.completions", "completions", "responses", "messages")
 
@@ -53,7 +57,7 @@ class CallRecord:
     response: dict | None = None
     response_message: dict | None = None
     finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | IdsText | None = None  # IdsText: as the engine's JSON text (the proxy)
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     usage: dict | None = None

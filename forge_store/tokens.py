@@ -9,9 +9,12 @@ the previous call's prompt + completion ids: an agent's prompt usually extends t
 
 from __future__ import annotations
 
+import re
 import sys
 import zlib
 from array import array
+
+import orjson
 
 from .errors import InvalidRecord
 
@@ -52,8 +55,79 @@ def pack_ids(ids, *, compress: bool = True) -> bytes:
     return compress_packed(packed) if compress else packed
 
 
+class IdsText:
+    """Token ids as the text an engine's JSON carried them in (``b"1,2,3"``: decimal, comma-separated, no spaces).
+
+    The proxy cuts a prompt's ids out of an answer as text instead of parsing them into Python ints (for 2,000
+    ids that was most of the answer's parse, and the ints' conversion to uint32 came on top), finds the prefix it
+    shares with the previous call on the text, and journals the tail as text (tag ``b"T"``); the store's writer
+    packs it to uint32 on the way into the database (:func:`compress_packed`). ``len()`` is the number of ids."""
+
+    __slots__ = ("text", "n")
+    _NOT_DIGITS = b"0123456789,"
+
+    def __init__(self, text: bytes):
+        self.text = bytes(text)
+        self.n = self.text.count(b",") + 1 if self.text else 0
+
+    @classmethod
+    def parse(cls, text: bytes) -> IdsText | None:
+        """``text`` if it is canonical id text (digits and single commas, no sign, space or leading zero), else None
+        (the caller parses the JSON the slow way)."""
+        if text.translate(None, cls._NOT_DIGITS) or b",," in text or text[:1] == b"," or text[-1:] == b",":
+            return None
+        if (text[:1] == b"0" and text[1:2] not in (b",", b"")) or (b",0" in text and _LEADING_ZERO.search(text)):
+            return None  # a leading zero: equal ids must be equal text
+        return cls(text)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def tolist(self) -> list[int]:
+        return orjson.loads(b"[" + self.text + b"]") if self.text else []
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, IdsText):
+            return self.text == other.text
+        return isinstance(other, list) and self.tolist() == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"IdsText({self.n} ids)"
+
+
+_LEADING_ZERO = re.compile(rb",0[0-9]")
+
+
+def text_to_raw(text: bytes) -> bytes:
+    """uint32 LE bytes of id text (``IdsText.text``); InvalidRecord past 2**32 or on anything not ids."""
+    try:
+        return ids_to_bytes(orjson.loads(b"[" + text + b"]") if text else [])
+    except ValueError as exc:
+        raise InvalidRecord(f"token id text {text[:40]!r}... is not comma-separated decimal ids ({exc})") from None
+
+
+def common_prefix_text(a: bytes, b: bytes) -> tuple[int, int]:
+    """Ids that the id texts ``a`` and ``b`` begin with alike, and the byte offset where ``b``'s next id starts."""
+    k = common_prefix_items(a, b, 1)
+    if k and (k == len(b) or b[k] == 44) and (k == len(a) or a[k] == 44):  # 44: "," (the id ending at k is whole)
+        return b.count(b",", 0, k) + 1, k + 1 if k < len(b) else k
+    last = b.rfind(b",", 0, k)
+    return (b.count(b",", 0, last) + 1, last + 1) if last >= 0 else (0, 0)
+
+
 def compress_packed(blob: bytes | None) -> bytes | None:
-    """``blob`` (from :func:`pack_ids`) zlib-compressed where that saves a quarter or more."""
+    """``blob`` (from :func:`pack_ids`, or ``b"T"`` + id text) packed as uint32 and zlib-compressed where that saves
+    a quarter or more."""
+    if blob is not None and blob[:1] == b"T":
+        blob = b"I" + text_to_raw(bytes(blob[1:]))
     if blob is None or blob[:1] != b"I" or len(blob) < 257:
         return blob
     packed = zlib.compress(memoryview(blob)[1:], 1)

@@ -9,7 +9,9 @@ An adapter stands for one client API. Per call the service asks it to:
 - ``answer(data, wants) -> dict``: what the client gets for that answer;
 - ``relay(wants) -> Relay``: turns the upstream's stream into the client's, event by event;
 - ``upstream_error(status, body, content_type) -> (body, content_type)``: an upstream HTTP error in the client's
-  error shape.
+  error shape;
+- optionally ``ids_as_text(wants) -> bool``: True when ``answer`` never gives the client the prompt's token ids, so
+  the service may hand them to ``parse`` as ``IdsText`` (cut from the answer as text, not parsed into ints).
 
 ``SURFACE`` is the API surface recorded on the call and ``PATH`` the upstream path posted to. The chat-shaped
 modules (``openai_chat``, ``openai_completions``: validate / prepare / parse / strip / StreamState) speak the
@@ -26,7 +28,7 @@ from typing import Any, Protocol
 import orjson
 
 from .errors import ProxyError, UpstreamFailure
-from .record import Completion
+from .record import Completion, loads_answer
 
 
 @dataclass
@@ -90,7 +92,7 @@ class TranslatingRelay:
         if data == b"[DONE]":
             self.done = True
             return b""
-        chunk = orjson.loads(data)
+        chunk = loads_answer(data, True)  # the chunk that carries the prompt's ids: as text (the client never sees them)
         if "error" in chunk and not chunk.get("choices"):
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
             self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
@@ -126,7 +128,7 @@ class ChatRelay:
         if data == b"[DONE]":
             self.done = True
             return b""
-        chunk = orjson.loads(data)
+        chunk = loads_answer(data, not self.state.wants.token_ids)
         if "error" in chunk and not chunk.get("choices"):
             self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
             return event + b"\n\n"
@@ -164,6 +166,10 @@ class ChatShaped:
 
     def answer(self, data: dict, wants) -> dict:
         return self.module.strip(data, wants)
+
+    @staticmethod
+    def ids_as_text(wants) -> bool:
+        return not wants.token_ids  # a client that asked for the ids gets them as the upstream sent them
 
     def relay(self, wants) -> ChatRelay:
         return ChatRelay(self.module.StreamState(wants))

@@ -228,6 +228,10 @@ class MessagesAdapter:
         params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
         return Translation(messages, tools or None, up, ctx, params, bool(body.get("stream")), notes)
 
+    @staticmethod
+    def ids_as_text(ctx) -> bool:
+        return True  # a Messages answer carries no token ids (only their count, in usage)
+
     def relay(self, ctx: dict) -> MessagesRelay:
         return MessagesRelay(ctx)
 
@@ -268,6 +272,10 @@ class NativeMessages(MessagesAdapter):
         params = {k: v for k, v in body.items() if k not in ("messages", "system", "tools")}
         return Translation(messages, body.get("tools"), body, None, params, bool(body.get("stream")),
                            {"upstream_api": "messages"})
+
+    @staticmethod
+    def ids_as_text(ctx) -> bool:
+        return False  # the upstream's own answer goes to the client
 
     def answer(self, data: dict, ctx) -> dict:
         return data

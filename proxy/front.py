@@ -235,18 +235,22 @@ class _Connection(asyncio.Protocol):
         self.transport.write(head + reply.body)
 
     async def _relay(self, reply: StreamReply, keep_alive: bool) -> None:
-        """Chunked transfer of ``reply``; the relay is cancelled if the client leaves (it records what was sent)."""
+        """Chunked transfer of ``reply``; the relay is cancelled if the client leaves (it records what was sent).
+
+        The head leaves with the first events, not on its own: one write (and one wake-up of the client) fewer per
+        stream. A client waits for the first event either way; its read timeout runs the same."""
         chunks = reply.chunks
         self.relaying = True
+        head = b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n" % (
+            _status_line(reply.status), reply.content_type.encode(), b"" if keep_alive else b"connection: close\r\n")
         try:
-            self.transport.write(b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n"
-                                 % (_status_line(reply.status), reply.content_type.encode(),
-                                    b"" if keep_alive else b"connection: close\r\n"))
             ended = False
             async for chunk in chunks:
                 data = b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b""
                 if type(chunk) is Last:  # the stream's final piece and the transfer's end: one write
                     data, ended = data + b"0\r\n\r\n", True
+                if head:
+                    data, head = head + data, b""
                 if data:
                     self.transport.write(data)
                 if self._writable is not None:
@@ -254,7 +258,7 @@ class _Connection(asyncio.Protocol):
                 if self.gone:
                     break
             if not self.gone and not ended:
-                self.transport.write(b"0\r\n\r\n")
+                self.transport.write(head + b"0\r\n\r\n")
         except asyncio.CancelledError:
             if not self.gone:
                 raise

@@ -263,6 +263,10 @@ class ResponsesAdapter:
 
     answer = staticmethod(answer)
 
+    @staticmethod
+    def ids_as_text(turn) -> bool:
+        return True  # a Responses answer carries no token ids
+
     def relay(self, turn: Turn) -> ResponsesRelay:
         return ResponsesRelay(turn)
 
@@ -290,6 +294,10 @@ class NativeResponses(ResponsesAdapter):
             messages.insert(0, {"role": "system", "content": body["instructions"]})
         params = {k: v for k, v in body.items() if k not in ("input", "instructions", "tools")}
         return Translation(messages, body.get("tools"), body, None, params, bool(body.get("stream")), notes)
+
+    @staticmethod
+    def ids_as_text(wants) -> bool:
+        return False  # the upstream's own answer goes to the client
 
     def answer(self, data: dict, wants) -> dict:
         return data

@@ -11,9 +11,37 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import orjson
+
 from forge_store.images import extract_images
+from forge_store.tokens import IdsText
 
 from .redaction import Redactor
+
+
+_IDS_KEY = b'"prompt_token_ids":['
+_MARK = b"\\u0000openforge-ids"  # where the cut ids were; no engine sends this string
+_MARK_STR = "\u0000openforge-ids"
+
+
+def loads_answer(raw: bytes, ids_as_text: bool = False) -> dict:
+    """``orjson.loads(raw)``; with ``ids_as_text``, the prompt's token ids (top level in chat answers, the first
+    choice in completions) come back as ``IdsText`` cut from the raw JSON instead of parsed into ints: for a
+    2,000-id prompt the ints were 90% of the answer's parse, and their packing to uint32 came on top (the store's
+    writer packs the text instead, off the proxy's loop). Anything unexpected takes the plain parse."""
+    if ids_as_text and (i := raw.find(_IDS_KEY)) >= 0:
+        start = i + len(_IDS_KEY)
+        end = raw.find(b"]", start)
+        ids = IdsText.parse(raw[start:end]) if end >= 0 else None
+        if ids is not None:
+            data = orjson.loads(raw[:i] + b'"prompt_token_ids":"' + _MARK + b'"' + raw[end + 1:])
+            if isinstance(data, dict):
+                choices = data.get("choices")
+                for holder in (data, choices[0] if isinstance(choices, list) and choices else None):
+                    if isinstance(holder, dict) and holder.get("prompt_token_ids") == _MARK_STR:
+                        holder["prompt_token_ids"] = ids
+                        return data
+    return orjson.loads(raw)
 
 
 @dataclass
@@ -22,7 +50,7 @@ class Completion:
     tool_calls: list[dict] = field(default_factory=list)
     reasoning: str | None = None
     finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | IdsText | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     usage: dict | None = None

@@ -26,7 +26,7 @@ from forge_store.schema import utcnow
 from .adapters import as_adapter
 from .errors import ProxyError, UpstreamFailure
 from .metrics import Metrics
-from .record import Completion, PreparedPrompt, has_inline_data
+from .record import Completion, PreparedPrompt, has_inline_data, loads_answer
 from .redaction import Redactor
 from .registry import Binding, Registry
 from .upstream import Pending, Upstream
@@ -217,7 +217,8 @@ class ProxyService:
         if ans.status != 200:
             return await self._upstream_error(adapter, rec, t0, part, ans.status, ans.body, ans.content_type)
         try:
-            data = orjson.loads(ans.body)
+            ids_as_text = getattr(adapter, "ids_as_text", None)
+            data = loads_answer(ans.body, ids_as_text is not None and ids_as_text(wants))
         except orjson.JSONDecodeError:
             exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
                                   "upstream_protocol")

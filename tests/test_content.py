@@ -126,3 +126,58 @@ def test_common_prefix_agrees_with_a_plain_scan():
         expect = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert common_prefix_items(ids_to_bytes(a), ids_to_bytes(b)) == expect
         assert common_prefix_items(memoryview(ids_to_bytes(a)), bytearray(ids_to_bytes(b))) == expect
+
+
+def test_ids_text_prefix_agrees_with_the_ids():
+    import random
+
+    from forge_store.tokens import IdsText, common_prefix_text
+
+    rng = random.Random(11)
+    for _ in range(500):
+        a = [rng.choice([0, 1, 12, 123, 10, 100, 7]) for _ in range(rng.randrange(0, 8))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.choice([0, 1, 12, 123, 10, 100, 7]) for _ in range(rng.randrange(0, 4))]
+        ta, tb = (",".join(map(str, x)).encode() for x in (a, b))
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        items, cut = common_prefix_text(ta, tb)
+        assert items == n, (a, b)
+        assert IdsText(tb[cut:]).tolist() == b[n:], (a, b, cut)
+
+
+@pytest.mark.parametrize("text, ok", [(b"1,2,3", True), (b"", True), (b"0,10,0", True), (b"1, 2", False),
+                                      (b"1,,2", False), (b",1", False), (b"1,", False), (b"-1,2", False),
+                                      (b"01,2", False), (b"1,02", False), (b"1.5", False), (b"1e3", False)])
+def test_ids_text_accepts_only_canonical_ids(text, ok):
+    from forge_store.tokens import IdsText
+
+    parsed = IdsText.parse(text)
+    assert (parsed is not None) == ok
+    if ok:
+        assert parsed.tolist() == ([int(x) for x in text.split(b",")] if text else []) and len(parsed) == len(parsed.tolist())
+
+
+def test_ids_text_past_uint32_is_refused_when_packed():
+    from forge_store.tokens import compress_packed
+
+    assert compress_packed(b"T1,2") == b"I" + ids_to_bytes([1, 2])
+    with pytest.raises(InvalidRecord, match="0 <= id < 2"):
+        compress_packed(b"T1,4294967296")
+
+
+def test_answers_give_their_prompt_ids_as_text_only_where_it_is_safe():
+    import orjson
+
+    from forge_store.tokens import IdsText
+    from proxy.record import loads_answer
+
+    chat = {"id": "c", "choices": [{"index": 0, "message": {"content": 'say "prompt_token_ids":[1,2]'}}],
+            "prompt_token_ids": [5, 60, 700]}
+    data = loads_answer(orjson.dumps(chat), True)
+    assert isinstance(data["prompt_token_ids"], IdsText) and data["prompt_token_ids"].tolist() == [5, 60, 700]
+    assert data["choices"] == chat["choices"]  # the look-alike inside a string is left alone
+    completion = {"choices": [{"text": "x", "prompt_token_ids": [1, 2], "token_ids": [3]}], "prompt_token_ids": None}
+    data = loads_answer(orjson.dumps(completion), True)
+    assert data["choices"][0]["prompt_token_ids"].tolist() == [1, 2] and data["choices"][0]["token_ids"] == [3]
+    for odd in ({"prompt_token_ids": [1, -2]}, {"prompt_token_ids": []}, {"usage": {}}, {"x": {"prompt_token_ids": [1]}}):
+        assert loads_answer(orjson.dumps(odd), True) == odd  # the plain parse
+    assert loads_answer(orjson.dumps(chat), False) == chat

@@ -234,3 +234,38 @@ def test_public_surface_is_pinned():
     ])
     for name in forge_store.__all__:
         assert hasattr(forge_store, name), name
+
+
+def test_prompt_ids_as_text_store_the_same_ids_and_deltas_as_lists(store):
+    """The proxy hands prompt ids over as the engine's JSON text (IdsText): same ids read back, same deltas."""
+    import random
+
+    from forge_store.tokens import IdsText
+
+    rng = random.Random(3)
+    prompt, expected = [], []
+    for turn in range(12):
+        # extend the previous prompt + completion, cut it back (a template dropping the completion's tail), or
+        # start over (context compaction); ids of every width, so that text prefixes end mid-id
+        kind = rng.choice(["extend", "extend", "cut", "fresh"])
+        if kind == "fresh" or not expected:
+            prompt = [rng.randrange(0, 50_000) for _ in range(rng.randrange(1, 40))]
+        else:
+            base = expected[-1][0] + expected[-1][1]
+            keep = len(base) if kind == "extend" else rng.randrange(0, len(base))
+            prompt = base[:keep] + [rng.choice([1, 12, 123, 1234, 12345, rng.randrange(50_000)])
+                                    for _ in range(rng.randrange(0, 6))]
+        completion = [rng.randrange(0, 50_000) for _ in range(rng.randrange(0, 4))]
+        rec = make_call(f"c{turn}", "r", turn, prompt_ids=prompt, completion_ids=completion)
+        rec.completion_logprobs = [-0.5] * len(completion)
+        if turn % 3:  # mix both forms in one rollout
+            rec.prompt_token_ids = IdsText(",".join(map(str, prompt)).encode())
+        store.record_call(rec)
+        expected.append((prompt, completion))
+    store.flush()
+    got = [(c.prompt_token_ids, c.completion_token_ids) for c in store.calls("r")]
+    assert got == expected
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(Call.__table__).order_by(Call.seq)).all()
+    assert [r.n_prompt_tokens for r in rows] == [len(p) for p, _ in expected]
+    assert any(r.prompt_ids_prefix_len for r in rows[1:] if int(r.id[1:]) % 3)  # text calls got deltas too
