@@ -39,6 +39,7 @@ class _RolloutState:
     prompt_hashes: list[str]
     full_ids: bytes | None  # prompt + completion token ids, uint32 LE
     full_text: bytes | None = None  # the same as id text, when the prompt's ids came as text (IdsText)
+    full_n: int = 0  # ids in full_text
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -131,8 +132,12 @@ class CallEncoder:
                 if prompt_raw is not None and state.full_ids:
                     ids_prefix = common_prefix_items(state.full_ids, prompt_raw)
                 elif prompt_text is not None and state.full_text:
-                    ids_prefix, cut = common_prefix_text(state.full_text, prompt_text)
+                    ids_prefix, cut = common_prefix_text(state.full_text, prompt_text, state.full_n)
                 ids_base = state.call_id if ids_prefix else None
+            if prompt_text is not None:  # ids in the prompt: the shared ones (known) plus those in the tail
+                tail = prompt_text[cut:]
+                n_text = ids_prefix + (tail.count(b",") + 1 if tail else 0)
+                rec.prompt_token_ids.n = n_text
             new_msgs = {}
             for h, body, m in zip(hashes[base_len:], bodies[base_len:], rec.messages[base_len:]):
                 if h not in self._journaled:
@@ -147,7 +152,9 @@ class CallEncoder:
                     if rec.completion_token_ids:
                         done = orjson.dumps(list(rec.completion_token_ids))[1:-1]
                         full_text = full_text + b"," + done if full_text else done
-                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, list(rec.messages), hashes, full, full_text)
+                full_n = n_text + len(rec.completion_token_ids or ()) if prompt_text is not None else 0
+                self._rollouts[rec.rollout_id] = _RolloutState(rec.id, list(rec.messages), hashes, full, full_text,
+                                                               full_n)
                 self._rollouts.move_to_end(rec.rollout_id)
                 while len(self._rollouts) > self.max_rollouts:
                     self._rollouts.popitem(last=False)

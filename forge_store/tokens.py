@@ -9,7 +9,6 @@ the previous call's prompt + completion ids: an agent's prompt usually extends t
 
 from __future__ import annotations
 
-import re
 import sys
 import zlib
 from array import array
@@ -56,38 +55,47 @@ def pack_ids(ids, *, compress: bool = True) -> bytes:
 
 
 class IdsText:
-    """Token ids as the text an engine's JSON carried them in (``b"1,2,3"``: decimal, comma-separated, no spaces).
+    """Token ids as the text an engine's JSON carried them in (``b"1,2,3"``: decimal, comma-separated).
 
     The proxy cuts a prompt's ids out of an answer as text instead of parsing them into Python ints (for 2,000
     ids that was most of the answer's parse, and the ints' conversion to uint32 came on top), finds the prefix it
     shares with the previous call on the text, and journals the tail as text (tag ``b"T"``); the store's writer
-    packs it to uint32 on the way into the database (:func:`compress_packed`). ``len()`` is the number of ids."""
+    checks and packs it to uint32 on the way into the database (:func:`compress_packed`). ``len()`` is the number
+    of ids (counted once, when first asked; the encoder fills it in from the delta it computes anyway)."""
 
-    __slots__ = ("text", "n")
-    _NOT_DIGITS = b"0123456789,"
+    __slots__ = ("text", "_n")
 
-    def __init__(self, text: bytes):
-        self.text = bytes(text)
-        self.n = self.text.count(b",") + 1 if self.text else 0
+    def __init__(self, text: bytes, n: int | None = None):
+        self.text, self._n = bytes(text), n
 
     @classmethod
     def parse(cls, text: bytes) -> IdsText | None:
-        """``text`` if it is canonical id text (digits and single commas, no sign, space or leading zero), else None
-        (the caller parses the JSON the slow way)."""
-        if text.translate(None, cls._NOT_DIGITS) or b",," in text or text[:1] == b"," or text[-1:] == b",":
+        """``text`` as ids, or None (the caller parses the JSON the slow way) where it holds anything but digits
+        and commas: a sign, a fraction, a space, a string, a nested list. Inside an answer that is JSON, digits
+        and commas are a flat list of non-negative integers; that each is below 2**32 is checked by the writer
+        (an id past it, which no tokenizer has, costs its call a dead letter)."""
+        if text.translate(None, b"0123456789,") or text[:1] == b"," or text[-1:] == b",":
             return None
-        if (text[:1] == b"0" and text[1:2] not in (b",", b"")) or (b",0" in text and _LEADING_ZERO.search(text)):
-            return None  # a leading zero: equal ids must be equal text
         return cls(text)
+
+    @property
+    def n(self) -> int:
+        if self._n is None:
+            self._n = self.text.count(b",") + 1 if self.text else 0
+        return self._n
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._n = value
 
     def __len__(self) -> int:
         return self.n
 
     def __bool__(self) -> bool:
-        return self.n > 0
+        return bool(self.text)
 
     def tolist(self) -> list[int]:
-        return orjson.loads(b"[" + self.text + b"]") if self.text else []
+        return bytes_to_ids(text_to_raw(self.text))
 
     def __iter__(self):
         return iter(self.tolist())
@@ -103,24 +111,34 @@ class IdsText:
         return f"IdsText({self.n} ids)"
 
 
-_LEADING_ZERO = re.compile(rb",0[0-9]")
-
-
 def text_to_raw(text: bytes) -> bytes:
-    """uint32 LE bytes of id text (``IdsText.text``); InvalidRecord past 2**32 or on anything not ids."""
+    """uint32 LE bytes of id text (``IdsText.text``); InvalidRecord for anything but decimal ids below 2**32."""
+    if text.translate(None, b"0123456789, \t\r\n"):
+        raise InvalidRecord(f"token id text {text[:60]!r}... holds something other than decimal ids; the upstream "
+                            "sent prompt_token_ids that are not a list of non-negative integers")
     try:
         return ids_to_bytes(orjson.loads(b"[" + text + b"]") if text else [])
     except ValueError as exc:
-        raise InvalidRecord(f"token id text {text[:40]!r}... is not comma-separated decimal ids ({exc})") from None
+        raise InvalidRecord(f"token id text {text[:60]!r}... is not comma-separated decimal ids ({exc})") from None
 
 
-def common_prefix_text(a: bytes, b: bytes) -> tuple[int, int]:
-    """Ids that the id texts ``a`` and ``b`` begin with alike, and the byte offset where ``b``'s next id starts."""
+def common_prefix_text(a: bytes, b: bytes, n_a: int | None = None) -> tuple[int, int]:
+    """Ids that the id texts ``a`` and ``b`` begin with alike, and the byte offset where ``b``'s next id starts.
+
+    Equal text means equal ids (the converse need not hold: a differently spelled id only shortens the prefix).
+    With ``n_a`` (ids in ``a``), what ``a`` has past the prefix is counted instead when that is shorter: an agent's
+    prompt extends the previous one, so the count costs O(new text), not O(prompt)."""
     k = common_prefix_items(a, b, 1)
     if k and (k == len(b) or b[k] == 44) and (k == len(a) or a[k] == 44):  # 44: "," (the id ending at k is whole)
-        return b.count(b",", 0, k) + 1, k + 1 if k < len(b) else k
-    last = b.rfind(b",", 0, k)
-    return (b.count(b",", 0, last) + 1, last + 1) if last >= 0 else (0, 0)
+        cut = k + 1 if k < len(b) else k
+    else:
+        cut = b.rfind(b",", 0, k) + 1  # 0 when no id is whole
+    if not cut:
+        return 0, 0
+    if n_a is not None and len(a) - cut < cut:
+        rest = a[cut + 1:] if a[cut:cut + 1] == b"," else a[cut:]  # a's ids past the prefix
+        return n_a - (rest.count(b",") + 1 if rest else 0), cut
+    return b.count(b",", 0, cut) + (b[cut - 1] != 44), cut
 
 
 def compress_packed(blob: bytes | None) -> bytes | None:

@@ -31,6 +31,7 @@ import msgpack
 import sqlalchemy as sa
 
 from .apply import apply_ops
+from .errors import InvalidRecord
 from .journal import Journal, Position
 
 log = logging.getLogger("forge_store.writer")
@@ -74,7 +75,7 @@ class BatchApplier:
                 if not wait(delay):
                     return False
                 delay = min(delay * 2, self.retry_max_s)
-            except sa.exc.DBAPIError:
+            except (sa.exc.DBAPIError, InvalidRecord):  # the database refused it, or a value cannot be stored
                 if len(ops) == 1:
                     self._dead_letter(ops[0])
                     return True

@@ -139,21 +139,29 @@ def test_ids_text_prefix_agrees_with_the_ids():
         b = a[: rng.randrange(0, len(a) + 1)] + [rng.choice([0, 1, 12, 123, 10, 100, 7]) for _ in range(rng.randrange(0, 4))]
         ta, tb = (",".join(map(str, x)).encode() for x in (a, b))
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        items, cut = common_prefix_text(ta, tb)
-        assert items == n, (a, b)
-        assert IdsText(tb[cut:]).tolist() == b[n:], (a, b, cut)
+        for n_a in (None, len(a)):  # counted on b's prefix, or on what a has past it
+            items, cut = common_prefix_text(ta, tb, n_a)
+            assert items == n, (a, b, n_a)
+            assert IdsText(tb[cut:]).tolist() == b[n:], (a, b, cut)
 
 
-@pytest.mark.parametrize("text, ok", [(b"1,2,3", True), (b"", True), (b"0,10,0", True), (b"1, 2", False),
-                                      (b"1,,2", False), (b",1", False), (b"1,", False), (b"-1,2", False),
-                                      (b"01,2", False), (b"1,02", False), (b"1.5", False), (b"1e3", False)])
-def test_ids_text_accepts_only_canonical_ids(text, ok):
-    from forge_store.tokens import IdsText
+@pytest.mark.parametrize("text, ok", [(b"1,2,3", True), (b"", True), (b"0,10,0", True), (b"4294967295", True),
+                                      (b"4294967296", False), (b"1,,2", False), (b"01,2", False), (b"1,02", False)])
+def test_ids_text_is_checked_in_full_when_packed(text, ok):
+    """The proxy's loop takes digits and commas as ids (IdsText.parse); the writer checks what JSON would not
+    allow there anyway (empty items, leading zeros) and the uint32 range."""
+    from forge_store.tokens import IdsText, compress_packed
 
-    parsed = IdsText.parse(text)
-    assert (parsed is not None) == ok
+    assert IdsText.parse(text) is not None
+    for other in (b'1,"2"', b"1,[2]", b"1, 2", b"-1,2", b"1.5", b"1e3", b"true", b"null", b",1", b"1,"):
+        assert IdsText.parse(other) is None, other  # the plain parse decides
     if ok:
-        assert parsed.tolist() == ([int(x) for x in text.split(b",")] if text else []) and len(parsed) == len(parsed.tolist())
+        ids = [int(x) for x in text.split(b",")] if text else []
+        assert IdsText.parse(text).tolist() == ids and len(IdsText.parse(text)) == len(ids)
+        assert compress_packed(b"T" + text) == b"I" + ids_to_bytes(ids)
+    else:
+        with pytest.raises(InvalidRecord):
+            compress_packed(b"T" + text)
 
 
 def test_ids_text_past_uint32_is_refused_when_packed():
@@ -178,6 +186,10 @@ def test_answers_give_their_prompt_ids_as_text_only_where_it_is_safe():
     completion = {"choices": [{"text": "x", "prompt_token_ids": [1, 2], "token_ids": [3]}], "prompt_token_ids": None}
     data = loads_answer(orjson.dumps(completion), True)
     assert data["choices"][0]["prompt_token_ids"].tolist() == [1, 2] and data["choices"][0]["token_ids"] == [3]
-    for odd in ({"prompt_token_ids": [1, -2]}, {"prompt_token_ids": []}, {"usage": {}}, {"x": {"prompt_token_ids": [1]}}):
+    for odd in ({"prompt_token_ids": [1, "2"]}, {"prompt_token_ids": [[1]]}, {"prompt_token_ids": [1, -2]},
+                {"usage": {}}, {"x": {"prompt_token_ids": [1]}}):
         assert loads_answer(orjson.dumps(odd), True) == odd  # the plain parse
+    huge = loads_answer(orjson.dumps({"prompt_token_ids": [1, 2**32]}), True)["prompt_token_ids"]
+    with pytest.raises(InvalidRecord):  # the writer's full check refuses it (a dead letter, kept on disk)
+        huge.tolist()
     assert loads_answer(orjson.dumps(chat), False) == chat

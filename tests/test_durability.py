@@ -260,3 +260,22 @@ def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_
     (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
     assert decode(kept.read_bytes())["r"]["name"] == "poison"
     _check_exactly_once(store_url, settings, [f"c{i}" for i in range(20)])
+
+
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(store_url, settings, drain):
+    """The proxy journals an engine's prompt ids as text (IdsText) and only the writer checks them in full: an id
+    no tokenizer has (past uint32) costs that call a dead letter, and the calls of other rollouts land."""
+    from forge_store.tokens import IdsText
+    from forge_store.writer import decode
+
+    with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
+        for i in range(20):
+            rec = make_call(f"c{i}", f"r{i % 4}", i // 4)
+            rec.prompt_token_ids = IdsText(b"1,4294967296,3" if i == 19 else ",".join(map(str, rec.prompt_token_ids)).encode())
+            st.record_call(rec)
+        assert st.flush(30)
+        assert st.writer_status()["dead_letters"] == 1
+    (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
+    assert decode(kept.read_bytes())["r"]["id"] == "c19"  # the last call of its rollout: nothing builds on it
+    _check_exactly_once(store_url, settings, [f"c{i}" for i in range(19)])
