@@ -30,6 +30,7 @@ class PromptPart:
     hashes: list[str]
     tools_body: str | None
     tools_hash: str | None
+    system_hash: str | None = None
 
 
 @dataclass
@@ -88,7 +89,8 @@ class CallEncoder:
         hashes = (state.prompt_hashes[:same] if state else []) + [sha256_hex(b.encode()) for b in bodies[same:]]
         tools_body = canonical_json(rec.tools).decode() if rec.tools else None
         tools_hash = sha256_hex(tools_body.encode()) if tools_body else None
-        return PromptPart(rec.messages, rec.tools, bodies, hashes, tools_body, tools_hash)
+        return PromptPart(rec.messages, rec.tools, bodies, hashes, tools_body, tools_hash,
+                          system_prompt_hash(rec.messages))
 
     def encode(self, rec: CallRecord, prompt: PromptPart | None = None) -> dict | None:
         """The journal operation for ``rec``; None if this encoder already encoded a call with that id."""
@@ -175,7 +177,7 @@ class CallEncoder:
             "model": rec.model or rec.params.get("model"),
             "streamed": rec.streamed,
             "request_hash": request_hash,
-            "system_prompt_hash": system_prompt_hash(rec.messages),
+            "system_prompt_hash": prompt.system_hash,
             "tool_schema_hash": tools_hash,
             "request_params": rec.params,
             "prompt_base_call_id": base_call,

@@ -91,11 +91,10 @@ class Store:
         if self._writer is None:
             await asyncio.to_thread(self._write, op)
             return
-        fut = self._writer.submit(op)
-        if fut.done():  # journaled in this thread (no fsync): no hop through the loop's self-pipe
-            fut.result()
+        if not self._writer.journal.fsync:  # journaled in this thread: no hop through the loop's self-pipe
+            self._writer.journal_now(op)
         else:
-            await asyncio.wrap_future(fut)
+            await asyncio.wrap_future(self._writer.submit(op))
 
     def record_call(self, rec: CallRecord) -> str:
         """Record one model call; returns its id. Recording the same id again leaves one row."""

@@ -185,20 +185,26 @@ def unpack_logprobs(blob: bytes | None) -> list[float] | None:
 
 
 def common_prefix_items(a: bytes, b: bytes, itemsize: int = 4) -> int:
-    """Number of leading ``itemsize``-byte items that ``a`` and ``b`` share (binary search over memcmp).
+    """Number of leading ``itemsize``-byte items that ``a`` and ``b`` share.
 
-    On ``bytes`` slices: comparing two bytes objects is a memcmp, while comparing memoryviews unpacks item by item
-    (for two 8 KB prompts differing midway that was 140 us against 7 us here)."""
+    The usual case, one extending the other (an agent's prompt extends the previous call's), is one memcmp with no
+    copy (``startswith``). Otherwise the first difference is found by comparing slices (a memcmp each: comparing
+    memoryviews unpacks item by item, 20x slower) of growing size from the start, then bisecting the slice that
+    differs: O(shared prefix) bytes copied, not O(length) per step."""
     a, b = bytes(a), bytes(b)  # no copy for bytes
-    n = min(len(a), len(b)) // itemsize
-    if a[: n * itemsize] == b[: n * itemsize]:
-        return n
-    lo, hi = 0, n  # invariant: prefix of lo items equal, of hi items not
-    while hi - lo > 1:
+    short, long_ = (a, b) if len(a) <= len(b) else (b, a)
+    if long_.startswith(short):
+        return len(short) // itemsize
+    lo, step = 0, 256
+    while True:  # a difference lies before len(short): the loop ends
+        hi = min(len(short), lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 4
+    while hi - lo > 1:  # invariant: a[:lo] == b[:lo], a[lo:hi] != b[lo:hi]
         mid = (lo + hi) // 2
-        k = mid * itemsize
-        if a[:k] == b[:k]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid
-    return lo
+    return lo // itemsize

@@ -145,16 +145,10 @@ class Writer:
         a thread hop would cost more than the write.
         """
         fut: Future = Future()
-        payload = encode(op)
         if not self.journal.fsync:
-            with self._lock:
-                if self._closing:
-                    raise RuntimeError("store is closed: open it again to write")
-                pos = self.journal.write_now([payload])
-                self._submitted += 1
-                self._journaled(pos, [op], self._submitted)
-            fut.set_result(pos)
+            fut.set_result(self.journal_now(op))
             return fut
+        payload = encode(op)
         with self._lock:
             if self._closing:
                 raise RuntimeError("store is closed: open it again to write")
@@ -162,6 +156,18 @@ class Writer:
             self._submitted += 1
             self._incoming_cv.notify()
         return fut
+
+    def journal_now(self, op: dict) -> Position:
+        """Without fsync: write ``op`` to the journal (the kernel) in the calling thread and return its position;
+        ``submit`` without the future (an event loop's caller needs no thread hop and no lock-backed future)."""
+        payload = encode(op)
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("store is closed: open it again to write")
+            pos = self.journal.write_now([payload])
+            self._submitted += 1
+            self._journaled(pos, [op], self._submitted)
+        return pos
 
     def _journaler(self) -> None:
         while True:

@@ -182,12 +182,14 @@ class ProxyService:
                     seq: int, started) -> CallRecord:
         request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         call_id = uuid.uuid4().hex
-        metadata = self._metadata(headers, prompt.redactions)
+        hits: set[str] = set()
+        params = self.redactor.apply(tr.params, hits)  # now, while the upstream works; the answer's parts in _redact
+        metadata = self._metadata(headers, prompt.redactions | hits)
         if tr.notes:
             metadata = {**(metadata or {}), **tr.notes}
         return CallRecord(
             id=call_id, rollout_id=binding.rollout_id, seq=seq, api_surface=adapter.SURFACE,
-            messages=prompt.messages, tools=tr.tools, params=tr.params, streamed=tr.stream,
+            messages=prompt.messages, tools=tr.tools, params=params, streamed=tr.stream,
             request_hash=request_hash, model=body.get("model"), started_at=started,
             retry_of=binding.retry_of(request_hash, call_id), policy_version_id=self.registry.policy_version,
             image_hashes=prompt.image_hashes or None,
@@ -324,9 +326,9 @@ class ProxyService:
         await self._record(rec, t0)
 
     def _redact(self, rec: CallRecord) -> None:
-        """Redaction covers everything stored besides the prompt (already done): answer, parameters, errors."""
+        """Redaction covers everything stored besides the prompt and the parameters (done before the answer came):
+        the answer and errors."""
         hits: set[str] = set()
-        rec.params = self.redactor.apply(rec.params, hits)
         rec.response = self.redactor.apply(rec.response, hits)
         rec.response_message = self.redactor.apply(rec.response_message, hits)
         rec.error_detail = self.redactor.apply(rec.error_detail, hits)
@@ -347,4 +349,5 @@ class ProxyService:
             raise ProxyError(503, f"the proxy could not record this call ({exc.__class__.__name__}); the answer is "
                                   "withheld so that nothing goes unrecorded; retry", type="server_error",
                              code="record_failed") from exc
-        self.metrics.observe_call(rec, time.perf_counter() - t1)
+        # after the answer has gone out (this runs in the call's loop step, the reply is written in the same step)
+        asyncio.get_running_loop().call_soon(self.metrics.observe_call, rec, time.perf_counter() - t1)

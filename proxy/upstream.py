@@ -257,6 +257,8 @@ class Upstream:
             raise self._fail(exc, path) from None
 
     async def _read_rest(self, conn: _Connection, path: str) -> bytes:
+        if conn.done and conn.error is None:  # the whole answer came with its head (the usual case): no generator
+            return conn.take() if conn.chunks else b""
         parts = [data async for data in self._body(conn, path)]
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
