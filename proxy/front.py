@@ -419,15 +419,24 @@ class FrontServer:
 
     def start_in_thread(self, sockets: list[socket.socket], *, name: str = "proxy-front", timeout_s: float = 15.0,
                         on_failure: Callable[[], Exception] | None = None) -> None:
+        failed: list[BaseException] = []
+
         def run() -> None:
             import uvloop
 
-            uvloop.run(self.serve(sockets))
+            try:
+                uvloop.run(self.serve(sockets))
+            except BaseException as exc:  # start-up failed (the starter raises it) or serving did (logged here)
+                if self.started.is_set():
+                    log.exception("the proxy's server stopped on an error")
+                failed.append(exc)
+                self.started.set()
 
         self._thread = threading.Thread(target=run, daemon=True, name=name)
         self._thread.start()
-        if not self.started.wait(timeout_s):
-            raise (on_failure() if on_failure else RuntimeError(f"the proxy's server did not start in {timeout_s} s"))
+        if not self.started.wait(timeout_s) or failed:
+            error = on_failure() if on_failure else RuntimeError(f"the proxy's server did not start in {timeout_s} s")
+            raise error from (failed[0] if failed else None)
 
     def join(self, timeout_s: float = 10.0) -> None:
         if self._thread is not None:

@@ -258,3 +258,21 @@ def test_the_asgi_app_serves_calls_streams_limits_and_disconnects_on_uvicorn(px_
     (call,) = px.calls("r2")
     assert call.error_class == "client_disconnected" and 0 < len(call.completion_token_ids) < 20
     assert len(px.calls("r1")) == 2
+
+
+def test_a_server_that_cannot_start_says_so_at_once(up, tmp_path):
+    from forge_store import Settings
+    from proxy import build_proxy
+    from proxy.front import FrontServer
+
+    proxy = build_proxy(up.url, settings=Settings(home=tmp_path / "home"),
+                        store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}")
+    try:
+        sock = socket.socket()
+        sock.close()  # not a socket one can listen on
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="did not start"):
+            FrontServer(proxy.app, max_body=1 << 20).start_in_thread([sock], timeout_s=10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        proxy.store.close()
