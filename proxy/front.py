@@ -110,7 +110,7 @@ class _Connection(asyncio.Protocol):
             raise
         except httptools.HttpParserError as exc:
             self.stop_reading = True
-            req = self.cur or _Request()
+            req = self.cur or _Request()  # httptools began a message at the first bad byte: cur is that one
             req.error, req.keep_alive = ProxyError(400, f"malformed HTTP request ({exc}); send HTTP/1.1",
                                                    code="bad_http"), False
             self._enqueue(req)
@@ -137,15 +137,17 @@ class _Connection(asyncio.Protocol):
         if cur.head > _MAX_HEAD:
             cur.error = ProxyError(431, f"request line and headers of {cur.head:,} bytes are over the proxy's limit "
                                         f"of {_MAX_HEAD:,}; send fewer or shorter headers", code="headers_too_large")
+        expect = False
         for name, value in cur.headers:
             if name == b"content-length" and value.isdigit() and int(value) > self.front.max_body:
                 cur.error = too_large(self.front.max_body, int(value))
-            elif name == b"expect" and value.lower() == b"100-continue" and cur.error is None and not self.queue \
-                    and self.worker is None:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            elif name == b"expect" and value.lower() == b"100-continue":
+                expect = True
         if cur.error is not None:  # answered without reading the body, and the connection closes after
             cur.keep_alive, self.stop_reading = False, True
             self._enqueue(cur)
+        elif expect and not self.queue and self.worker is None:  # only when this request is next to be answered
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
@@ -180,10 +182,9 @@ class _Connection(asyncio.Protocol):
             while self.queue and not self.gone:
                 req = self.queue.popleft()
                 if req.error is not None:
-                    self._refuse(req)
+                    self._refuse(req)  # it closes the connection when the client has read the answer
                     return
-                else:
-                    await self._dispatch(req)
+                await self._dispatch(req)
                 if not req.keep_alive or self.front.stopping:
                     self.transport.close()
                     return
@@ -193,7 +194,7 @@ class _Connection(asyncio.Protocol):
         finally:
             self.worker = None
             self.relaying = False
-        if not self.gone:
+        if not (self.gone or self.stop_reading or self.transport.is_closing()):  # stopped reading: closing anyway
             self._arm_idle()
 
     async def _dispatch(self, req: _Request) -> None:
@@ -253,8 +254,7 @@ class _Connection(asyncio.Protocol):
                     data, head = head + data, b""
                 if data:
                     self.transport.write(data)
-                if self._writable is not None:
-                    await self._writable
+                await self.drain()
                 if self.gone:
                     break
             if not self.gone and not ended:
@@ -441,10 +441,6 @@ class FrontServer:
     def join(self, timeout_s: float = 10.0) -> None:
         if self._thread is not None:
             self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
 
 class _Lifespan:

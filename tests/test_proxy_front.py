@@ -149,6 +149,14 @@ def test_malformed_http_gets_a_clear_error_and_a_closed_connection(px, raw, stat
     assert httpx.get(px.url + "/health").status_code == 200  # the server goes on
 
 
+def test_garbage_after_a_complete_request_does_not_spoil_it(px):
+    with _connect(px) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\x00\r\n\r\n")
+        health, bad = _read_responses(s, 2)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert bad.status_code == 400 and "malformed HTTP request" in bad.json()["error"]["message"]
+
+
 def test_expect_100_continue(px):
     token = px.register("r1")
     body = json.dumps({"model": "m", "messages": USER}).encode()
@@ -158,6 +166,15 @@ def test_expect_100_continue(px):
         s.sendall(body)
         (r,) = _read_responses(s, 1)
     assert r.status_code == 200 and len(px.calls("r1")) == 1
+
+
+def test_expect_100_continue_on_a_body_over_the_limit_gets_the_413_instead(up, tmp_path):
+    with running_proxy(up, tmp_path, proxy_max_body_bytes=4096) as px:
+        with _connect(px) as s:  # Expect before Content-Length: the limit still decides first
+            s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {px.register('r1')}\r\n"
+                       "Expect: 100-continue\r\nContent-Length: 100000\r\n\r\n").encode())
+            (r,) = _read_responses(s, 1)
+        assert r.status_code == 413
 
 
 def test_websocket_handshake_is_refused_in_the_responses_shape(px):
