@@ -139,7 +139,6 @@ class CallEncoder:
             if prompt_text is not None:  # ids in the prompt: the shared ones (known) plus those in the tail
                 tail = prompt_text[cut:]
                 n_text = ids_prefix + (tail.count(b",") + 1 if tail else 0)
-                rec.prompt_token_ids.n = n_text
             new_msgs = {}
             for h, body, m in zip(hashes[base_len:], bodies[base_len:], rec.messages[base_len:]):
                 if h not in self._journaled:
@@ -190,9 +189,9 @@ class CallEncoder:
             "prompt_ids_base_call_id": ids_base,
             "prompt_ids_prefix_len": ids_prefix,
             "prompt_ids_tail": (pack_ids(prompt_raw[ids_prefix * 4 :], compress=False) if prompt_raw is not None
-                                else b"T" + prompt_text[cut:] if prompt_text is not None else None),
+                                else b"T" + tail if prompt_text is not None else None),
             "n_prompt_tokens": (len(prompt_raw) // 4 if prompt_raw is not None
-                                else len(rec.prompt_token_ids) if prompt_text is not None else None),
+                                else n_text if prompt_text is not None else None),
             "completion_ids": (pack_ids(rec.completion_token_ids, compress=False)
                                if rec.completion_token_ids is not None else None),
             "completion_logprobs": pack_logprobs(rec.completion_logprobs) if rec.completion_logprobs is not None else None,

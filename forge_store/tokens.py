@@ -61,12 +61,12 @@ class IdsText:
     ids that was most of the answer's parse, and the ints' conversion to uint32 came on top), finds the prefix it
     shares with the previous call on the text, and journals the tail as text (tag ``b"T"``); the store's writer
     checks and packs it to uint32 on the way into the database (:func:`compress_packed`). ``len()`` is the number
-    of ids (counted once, when first asked; the encoder fills it in from the delta it computes anyway)."""
+    of ids, counted when first asked (the encoder counts only the tail it stores)."""
 
     __slots__ = ("text", "_n")
 
-    def __init__(self, text: bytes, n: int | None = None):
-        self.text, self._n = bytes(text), n
+    def __init__(self, text: bytes):
+        self.text, self._n = bytes(text), None
 
     @classmethod
     def parse(cls, text: bytes) -> IdsText | None:
@@ -83,10 +83,6 @@ class IdsText:
         if self._n is None:
             self._n = self.text.count(b",") + 1 if self.text else 0
         return self._n
-
-    @n.setter
-    def n(self, value: int) -> None:
-        self._n = value
 
     def __len__(self) -> int:
         return self.n
@@ -113,7 +109,7 @@ class IdsText:
 
 def text_to_raw(text: bytes) -> bytes:
     """uint32 LE bytes of id text (``IdsText.text``); InvalidRecord for anything but decimal ids below 2**32."""
-    if text.translate(None, b"0123456789, \t\r\n"):
+    if text.translate(None, b"0123456789,"):
         raise InvalidRecord(f"token id text {text[:60]!r}... holds something other than decimal ids; the upstream "
                             "sent prompt_token_ids that are not a list of non-negative integers")
     try:
