@@ -37,6 +37,10 @@ def proxy_command(
     from .server import build_proxy
 
     err = Console(stderr=True)
+    level = workers_log.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        err.print(f"[bold red]error:[/] --log-level {workers_log!r} unknown; use debug, info, warning, error or critical")
+        raise typer.Exit(2)
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -44,7 +48,7 @@ def proxy_command(
     except OSError as exc:
         err.print(f"[bold red]error:[/] cannot listen on {host}:{port} ({exc.strerror}); pick another --port")
         raise typer.Exit(2) from None
-    logging.basicConfig(level=workers_log.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     settings = get_settings()
     try:
         proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
@@ -52,8 +56,10 @@ def proxy_command(
     except (StoreError, JournalError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
+    admin = ("admin token from OPENFORGE_PROXY_ADMIN_TOKEN" if settings.proxy_admin_token
+             else f"admin token in {settings.home / 'proxy-admin-token'}")
     err.print(f"proxy on http://{host}:{port} -> {proxy.service.upstream.base_url} ({dialect}); store {proxy.store.url}; "
-              f"admin token in {settings.home / 'proxy-admin-token'}" if not settings.proxy_admin_token else "")
+              f"{admin}", highlight=False)
     # Everything allocated so far (modules, the app, the store's engine) lives as long as the process: moving it out
     # of the collector's reach keeps full collections from walking it on the request path.
     gc.collect()

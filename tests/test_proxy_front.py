@@ -293,3 +293,38 @@ def test_a_server_that_cannot_start_says_so_at_once(up, tmp_path):
         assert time.monotonic() - t0 < 5
     finally:
         proxy.store.close()
+
+
+def test_the_cli_refuses_an_unknown_log_level_and_stops_cleanly_on_sigterm(up, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.netfault import free_port
+
+    openforge = str(Path(sys.executable).parent / "openforge")
+    env = {**os.environ, "OPENFORGE_HOME": str(tmp_path / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": "t" * 24}
+    store = f"sqlite:///{tmp_path / 'cli.sqlite'}"
+    bad = subprocess.run([openforge, "proxy", "--upstream", up.url, "--store", store, "--log-level", "loud"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--log-level 'loud' unknown" in bad.stderr
+    port = free_port()
+    proc = subprocess.Popen([openforge, "proxy", "--upstream", up.url, "--store", store, "--port", str(port)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the proxy did not come up"
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "admin token from OPENFORGE_PROXY_ADMIN_TOKEN" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
