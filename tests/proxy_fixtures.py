@@ -70,6 +70,7 @@ class ProxyHarness:
     proxy: Proxy
     url: str
     up: Up
+    server: object = None  # what serves it (a FrontServer, or uvicorn's Server)
 
     @property
     def store(self):
@@ -117,15 +118,14 @@ def make_proxy(up: Up, tmp_path, store_url: str | None = None, **settings) -> tu
     s = Settings(home=tmp_path / "proxy-home", **settings)
     proxy = build_proxy(up.url, settings=s, store_url=store_url or f"sqlite:///{tmp_path / 'proxy.sqlite'}")
     serve = ServeInThread(proxy.app)
-    return ProxyHarness(proxy, serve.start(), up), serve
+    url = serve.start()
+    return ProxyHarness(proxy, url, up, serve.server), serve
 
 
 @contextlib.contextmanager
 def running_proxy(up: Up, tmp_path, **settings):
-    """``make_proxy`` for one ``with`` block: the harness, then stopped and its store closed (``.server``: the
-    server, for tests that look at its connections)."""
+    """``make_proxy`` for one ``with`` block: the harness, then stopped and its store closed."""
     harness, serve = make_proxy(up, tmp_path, **settings)
-    harness.server = serve.server
     try:
         yield harness
     finally:
