@@ -13,7 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from . import schema
-from .tokens import compress_packed
+from .errors import InvalidRecord
+from .hashing import canonical_json, sha256_hex
+from .tokens import compress_packed, pack_ids, pack_logprobs
 
 TABLES: dict[str, sa.Table] = {
     "task": schema.Task.__table__,
@@ -66,19 +68,17 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
     tool_schemas: dict[str, dict] = {}
     for i, op in enumerate(ops):
         kind, seq = op["k"], first + i
+        if kind == "msgs":  # a call's new message and tool bodies, journaled ahead of it (see CallEncoder.written)
+            _bodies(op, seq, messages, tool_schemas)
+            continue
         if kind == "rollout_finish":
             rows[kind].append({**op["r"], "finished_seq": seq})
             continue
         row = {**op["r"], "ingest_seq": seq}
         rows[kind].append(row)
-        if kind == "call":  # token arrays are journaled raw (cheap for the proxy's loop) and compressed here
-            row["prompt_ids_tail"] = compress_packed(row.get("prompt_ids_tail"))
-            row["completion_ids"] = compress_packed(row.get("completion_ids"))
-            for sha, (role, body) in op.get("msgs", {}).items():
-                messages.setdefault(sha, {"sha256": sha, "role": role, "body": body, "size": len(body), "ingest_seq": seq})
-            if op.get("tools"):
-                sha, body = op["tools"]
-                tool_schemas.setdefault(sha, {"sha256": sha, "body": body, "ingest_seq": seq})
+        if kind == "call":
+            _call(op, row, seq, messages)
+            _bodies(op, seq, messages, tool_schemas)
     insert_ignore(conn, _messages, list(messages.values()))
     insert_ignore(conn, _tool_schemas, list(tool_schemas.values()))
     for kind in ORDER:
@@ -86,6 +86,41 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
             _finish_rollouts(conn, rows[kind])
         else:
             insert_ignore(conn, TABLES[kind], rows[kind])
+
+
+def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
+    """What the proxy's loop leaves to this side: token arrays are journaled raw (prompt ids as bytes or text,
+    completion ids and logprobs as lists) and packed here; the answer message is journaled as it came and its
+    canonical body and hash are made here."""
+    row["prompt_ids_tail"] = compress_packed(row.get("prompt_ids_tail"))
+    done = row.get("completion_ids")
+    try:
+        if done is not None and not isinstance(done, bytes):
+            done = pack_ids(done, compress=False)
+        row["completion_ids"] = compress_packed(done)
+        logprobs = row.get("completion_logprobs")
+        if logprobs is not None and not isinstance(logprobs, bytes):
+            row["completion_logprobs"] = pack_logprobs(logprobs)
+    except (OverflowError, TypeError, ValueError) as exc:  # an id outside uint32, a non-number
+        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored ({exc}); "
+                            "each id must be an integer in [0, 2**32) and each logprob a number") from None
+    answer = op.get("resp")
+    if answer is not None:
+        try:
+            body = canonical_json(answer).decode()
+        except ValueError as exc:
+            raise InvalidRecord(f"call {row.get('id')}: answer message is not storable JSON ({exc})") from None
+        sha = row["response_message_hash"] = sha256_hex(body.encode())
+        messages.setdefault(sha, {"sha256": sha, "role": answer.get("role"), "body": body, "size": len(body),
+                                  "ingest_seq": seq})
+
+
+def _bodies(op: dict, seq: int, messages: dict[str, dict], tool_schemas: dict[str, dict]) -> None:
+    for sha, (role, body) in (op.get("msgs") or {}).items():
+        messages.setdefault(sha, {"sha256": sha, "role": role, "body": body, "size": len(body), "ingest_seq": seq})
+    if op.get("tools"):
+        sha, body = op["tools"]
+        tool_schemas.setdefault(sha, {"sha256": sha, "body": body, "ingest_seq": seq})
 
 
 def _finish_rollouts(conn: sa.Connection, finishes: list[dict]) -> None:

@@ -109,8 +109,25 @@ class Store:
 
     def encode_prompt(self, rec: CallRecord) -> PromptPart:
         """The request side of recording ``rec`` (its messages' and tools' canonical bodies and hashes), for a caller
-        that has time while the answer is on its way; pass the result to ``record_call_async(rec, prompt)``."""
-        return self._encoder.encode_prompt(rec)
+        that has time while the answer is on its way; pass the result to ``record_call_async(rec, prompt)``.
+
+        With a journal, the message and tool bodies new to it are journaled here, ahead of the call (with fsync on,
+        queued without waiting: the call's own record comes later in the journal, and waiting for it covers them),
+        so the call's record carries only what the answer adds. Raises if the journal cannot take them."""
+        part = self._encoder.encode_prompt(rec)
+        if self._writer is not None:
+            op = self._encoder.written(part)
+            if op is not None:
+                try:
+                    if self._writer.journal.fsync:
+                        self._writer.submit(op)
+                    else:
+                        self._writer.journal_now(op)
+                except BaseException:
+                    self._encoder.reset()
+                    raise
+                self._encoder.journaled(part)
+        return part
 
     async def record_call_async(self, rec: CallRecord, prompt: PromptPart | None = None) -> str:
         """``record_call`` for event loops: returns once the call is durable, without blocking the loop."""

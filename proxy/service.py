@@ -161,7 +161,10 @@ class ProxyService:
             try:
                 prompt = prompt or self._prepare(binding, tr.messages, known)
                 rec = self._record_for(headers, adapter, binding, body, tr, prompt, seq, started)
-                part = self.store.encode_prompt(rec)
+                try:
+                    part = self.store.encode_prompt(rec)  # journals the prompt's new bodies
+                except Exception as exc:
+                    raise self._unrecordable(rec, exc) from exc
             except BaseException:
                 if pending is not None:
                     pending.cancel()
@@ -325,6 +328,13 @@ class ProxyService:
         rec.error_class, rec.error_detail = exc.error_class, exc.message
         await self._record(rec, t0)
 
+    def _unrecordable(self, rec: CallRecord, exc: Exception) -> ProxyError:
+        log.error("could not journal call %s", rec.id, exc_info=exc)
+        self.metrics.record_failures.inc()
+        return ProxyError(503, f"the proxy could not record this call ({exc.__class__.__name__}); the answer is "
+                               "withheld so that nothing goes unrecorded; retry", type="server_error",
+                          code="record_failed")
+
     def _redact(self, rec: CallRecord) -> None:
         """Redaction covers everything stored besides the prompt and the parameters (done before the answer came):
         the answer and errors."""
@@ -344,10 +354,6 @@ class ProxyService:
         try:
             await self.store.record_call_async(rec, part)
         except Exception as exc:
-            log.exception("could not journal call %s", rec.id)
-            self.metrics.record_failures.inc()
-            raise ProxyError(503, f"the proxy could not record this call ({exc.__class__.__name__}); the answer is "
-                                  "withheld so that nothing goes unrecorded; retry", type="server_error",
-                             code="record_failed") from exc
+            raise self._unrecordable(rec, exc) from exc
         # after the answer has gone out (this runs in the call's loop step, the reply is written in the same step)
         asyncio.get_running_loop().call_soon(self.metrics.observe_call, rec, time.perf_counter() - t1)

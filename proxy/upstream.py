@@ -8,10 +8,11 @@ one pre-built request head and lets httptools (the C parser uvicorn uses) call b
 0.174 ms against aiohttp's 0.155 / 0.271 (httpx: 8.4 / 9.3, its pool collapses there); at 1 client 0.35 / 0.61
 against 0.65 / 0.90.
 
-Connection failures become 502 and silences past the read timeout 504, both recorded as infrastructure errors; the
-upstream's own HTTP errors pass through unchanged. A pooled connection that turns out closed before any byte of
-the answer came back is retried once on a fresh one; idle connections are dropped before uvicorn's 5 s keep-alive
-(vLLM's and SGLang's server) would close them. http and https (for hosted APIs) are both served.
+Connection failures become 502 and silences past the read timeout 504 (for an answer read whole: no complete answer
+within it), both recorded as infrastructure errors; the upstream's own HTTP errors pass through unchanged. A pooled
+connection that turns out closed before any byte of the answer came back is retried once on a fresh one; idle
+connections are dropped before uvicorn's 5 s keep-alive (vLLM's and SGLang's server) would close them. http and https
+(for hosted APIs) are both served.
 """
 
 from __future__ import annotations
@@ -55,19 +56,21 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.parser = httptools.HttpResponseParser(self)  # goes on to the next answer of a kept-alive connection
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.waiter: asyncio.Future | None = None
         self._reset()
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        """Ready for the next answer (the previous one was taken whole)."""
         self.status = 0
         self.content_type = ""
         self.headers_done = self.done = self.started = self.framed = False
         self.keep_alive = True
-        self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.error: _Gone | None = None
-        self.waiter: asyncio.Future | None = None
         self.paused = False
+        self.whole = False  # the caller wants the answer whole: wake it when it is complete (or fails), not per piece
 
     # ---- asyncio protocol ----
     def connection_made(self, transport) -> None:
@@ -80,7 +83,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self.error = _Gone(exc, True)
             self.abort()
-        self._wake()
+        if not self.whole or self.done or self.error is not None or self.paused:
+            self._wake()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
@@ -291,12 +295,14 @@ class Pending:
         self._conn = conn
         conn.transport.write(self._data)
 
-    async def _head(self) -> _Connection:
-        """Wait for the answer's head; once more on a new connection if a pooled one was found closed."""
+    async def _head(self, whole: bool = False) -> _Connection:
+        """Wait for the answer's head (``whole``: for the whole answer, without a wake-up per piece); once more on a
+        new connection if a pooled one was found closed."""
         up = self._upstream
         try:
             for attempt in (1, 2):
                 conn = self._conn
+                conn.whole = whole
                 try:
                     while not conn.headers_done:
                         if conn.error is not None:
@@ -315,7 +321,7 @@ class Pending:
             raise
 
     async def answer(self) -> UpstreamAnswer:
-        conn = await self._head()
+        conn = await self._head(whole=True)
         try:
             return UpstreamAnswer(conn.status, conn.content_type, await self._upstream._read_rest(conn, self._path))
         finally:

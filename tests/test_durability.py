@@ -16,7 +16,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from forge_store import JournalCorrupt, open_store
+from forge_store import InvalidRecord, JournalCorrupt, open_store
 from forge_store.schema import Call
 from tests.conftest import make_call
 from tests.netfault import TcpRelay
@@ -279,3 +279,35 @@ def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(sto
     (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
     assert decode(kept.read_bytes())["r"]["id"] == "c19"  # the last call of its rollout: nothing builds on it
     _check_exactly_once(store_url, settings, [f"c{i}" for i in range(19)])
+
+
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_completion_ids_that_cannot_be_stored_are_dead_lettered_and_the_rest_lands(store_url, settings, drain):
+    """Completion ids and logprobs are journaled as lists and packed by the database side: an id outside uint32
+    costs its call a dead letter there, and every other call lands (without a journal it is refused at once)."""
+    from forge_store.tokens import IdsText
+    from forge_store.writer import decode
+
+    with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
+        for i in range(20):
+            rec = make_call(f"c{i}", f"r{i % 4}", i // 4)
+            rec.prompt_token_ids = IdsText(",".join(map(str, rec.prompt_token_ids)).encode())  # as the proxy has them
+            if i == 19:
+                rec.completion_token_ids = [1, 2**32, 3]
+            st.record_call(rec)
+        assert st.flush(30)
+        assert st.writer_status()["dead_letters"] == 1
+    (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
+    assert decode(kept.read_bytes())["r"]["id"] == "c19"
+    _check_exactly_once(store_url, settings, [f"c{i}" for i in range(19)])
+    with open_store(store_url, journal=False, settings=settings) as st:
+        rec = make_call("d0", "rd", 0, completion_ids=[-1])
+        rec.prompt_token_ids = IdsText(b"1,2,3")
+        with pytest.raises(InvalidRecord, match=r"call d0: completion token ids .* \[0, 2\*\*32\)"):
+            st.record_call(rec)
+        rec.prompt_token_ids = [1, 2, 3]  # with the ids as a list the encoder packs them, and refuses there
+        with pytest.raises(InvalidRecord, match=r"out of range in \[-1\]"):
+            st.record_call(rec)
+        rec.completion_token_ids = [5]  # nothing was half-recorded: the same call, mended, lands
+        st.record_call(rec)
+        assert st.call("d0").completion_token_ids == [5]

@@ -44,6 +44,25 @@ def test_round_trip_across_rotations(tmp_path):
     assert all(f.stat().st_size <= 512 for f in segments(tmp_path) if f.name != f"{big.segment:016d}.log")
 
 
+def test_write_now_one_record_at_a_time_across_rotations(tmp_path):
+    """``write_now`` of single records without fsync (the proxy's path: one writev per record, no flusher) keeps the
+    same framing, order and rotation as ``append``; a closed journal refuses, an empty payload says why."""
+    payloads = [bytes([i % 251]) * (1 + i % 97) for i in range(200)] + [b"x" * 2000, b"after"]
+    with Journal(tmp_path, segment_bytes=512, fsync=False) as j:
+        positions = [j.write_now([p]) for p in payloads]
+        with pytest.raises(ValueError, match="1 to"):
+            j.write_now([b""])
+        assert list(j.replay()) == list(zip(positions, payloads))
+    assert positions == sorted(positions) and len(segments(tmp_path)) > 10
+    assert all(f.stat().st_size <= 512 for f in segments(tmp_path) if f.name != f"{positions[-2].segment:016d}.log")
+    with pytest.raises(JournalError, match="closed"):
+        j.write_now([b"late"])
+    with Journal(tmp_path, segment_bytes=512, fsync=False) as j:  # reopened: every record, then more after them
+        assert records(j) == payloads
+        j.write_now([b"next"])
+        assert records(j) == payloads + [b"next"]
+
+
 def test_replay_after_and_mark_committed(tmp_path):
     payloads = [f"record {i}".encode() * 3 for i in range(100)]
     with Journal(tmp_path, segment_bytes=300) as j:

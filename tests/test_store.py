@@ -269,3 +269,54 @@ def test_prompt_ids_as_text_store_the_same_ids_and_deltas_as_lists(store):
         rows = conn.execute(sa.select(Call.__table__).order_by(Call.seq)).all()
     assert [r.n_prompt_tokens for r in rows] == [len(p) for p, _ in expected]
     assert any(r.prompt_ids_prefix_len for r in rows[1:] if int(r.id[1:]) % 3)  # text calls got deltas too
+
+
+def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, settings, monkeypatch):
+    """The proxy's path (``encode_prompt`` while the upstream works, then ``record_call_async``): a prompt's new
+    message and tool bodies go into the journal ahead of the call, each body once over the whole rollout (the
+    previous answer, now in the history, is not repeated), and the call's own record carries only the answer's
+    side. Everything reads back as recorded, on both databases."""
+    import asyncio
+
+    from forge_store import writer as writer_module
+
+    ops = []
+    real_encode = writer_module.encode
+    monkeypatch.setattr(writer_module, "encode", lambda op: (ops.append(op), real_encode(op))[1])
+    settings = settings.model_copy(update={"journal_fsync": False})
+    recs = [make_call(f"c{t}", "r", t) for t in range(5)]
+
+    async def run(st):
+        for rec in recs:
+            part = st.encode_prompt(rec)
+            await st.record_call_async(rec, part)
+
+    with open_store(store_url, journal=True, settings=settings) as st:
+        asyncio.run(run(st))
+        st.flush()
+        got = st.calls("r")
+    assert [(c.messages, c.response_message, c.tools) for c in got] == [
+        (r.messages, r.response_message, r.tools) for r in recs]
+    kinds = [op["k"] for op in ops]
+    assert kinds[0] == "msgs" and kinds.count("call") == 5
+    bodies = [body for op in ops for _, body in (op.get("msgs") or {}).values()]
+    answers = [op["resp"] for op in ops if op["k"] == "call"]
+    assert len(bodies) == len(set(bodies)) and not any("msgs" in op for op in ops if op["k"] == "call")
+    assert {"role": "assistant", "content": "action 0"} in answers  # journaled with its call...
+    assert '{"content":"action 0","role":"assistant"}' not in bodies  # ...and not again as the next prompt's
+    assert sum(1 for op in ops if op.get("tools")) == 1
+
+
+def test_a_previous_answer_spelled_differently_in_the_next_prompt_is_stored_as_sent(store):
+    """The next prompt repeats the previous answer; where it is equal in Python but not in JSON (1 against 1.0) it
+    is a different message and is stored as the harness sent it."""
+    first = make_call("c0", "r", 0)
+    first.response_message = {"role": "assistant", "content": "action 0", "n": 1}
+    second = make_call("c1", "r", 1)
+    second.messages[2] = {"role": "assistant", "content": "action 0", "n": 1.0}
+    store.record_call(first)
+    store.record_call(second)
+    store.flush()
+    a, b = store.calls("r")
+    assert a.response_message == {"role": "assistant", "content": "action 0", "n": 1}
+    assert isinstance(a.response_message["n"], int) and isinstance(b.messages[2]["n"], float)

@@ -128,6 +128,51 @@ def test_connections_are_reused_and_one_the_server_closed_is_replaced():
         server.close()
 
 
+def test_an_answer_in_pieces_wakes_its_reader_once_and_the_connection_reads_the_next(monkeypatch):
+    """An answer read whole (``request``) whose head and body arrive apart, the body in pieces (one of them past the
+    client's 4 MB read-pause mark) and then a second answer on the same kept-alive connection: both whole and in
+    order; the reader is woken when the answer is complete (or to drain a paused connection), not per piece."""
+    big = b"x" * (5 << 20)
+    bodies = [b'{"first": "%s"}' % big, b'{"second": true}']
+
+    async def handler(reader, writer):
+        for body in bodies:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(body))
+            await writer.drain()
+            for i in range(0, len(body), 1 << 20):
+                await asyncio.sleep(0.02)
+                writer.write(body[i:i + (1 << 20)])
+                await writer.drain()
+
+    from proxy import upstream as upstream_module
+
+    wakes = []
+    real_wake = upstream_module._Connection._wake
+    monkeypatch.setattr(upstream_module._Connection, "_wake",
+                        lambda self: (wakes.append((self.done, self.paused)), real_wake(self)))
+    server = RawServer(handler)
+    try:
+        async def run():
+            up = Upstream(f"http://127.0.0.1:{server.port}")
+            try:
+                first = await up.request("POST", "/x", b"{}")
+                first_wakes = list(wakes)
+                second = await up.request("POST", "/x", b"{}")
+                return first, second, first_wakes
+            finally:
+                await up.close()
+
+        first, second, first_wakes = asyncio.run(run())
+        assert first.body == bodies[0] and second.body == bodies[1] and server.connections == 1
+        # woken for the pause past 4 MB and at the end, never for a piece that neither completed nor paused
+        assert first_wakes and all(done or paused for done, paused in first_wakes) and first_wakes[-1][0]
+        assert len(first_wakes) <= 3, first_wakes
+    finally:
+        server.close()
+
+
 def test_a_body_ended_by_closing_the_connection_is_whole():
     async def handler(reader, writer):
         await read_request(reader)
