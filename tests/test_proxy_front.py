@@ -89,6 +89,75 @@ def test_pipelined_requests_are_answered_in_order(px):
     assert len(px.calls("r1")) == 2
 
 
+def test_requests_answered_before_any_wait_and_calls_mixed_in_one_write_keep_their_order(px):
+    """A model call starts in the step that parsed it (``_start_eagerly``), and a refusal (bad JSON, a forged
+    token) is answered there outright, before any wait: pipelined in one write with calls and a FastAPI route, every
+    answer still comes in order, and the connection stays usable afterwards."""
+    token = px.register("r1")
+    px.up.double.script.extend([Delay(0.1, then=Text("first")), Text("second")])
+    with _connect(px) as s:
+        s.sendall(_request(token, b"{not json")
+                  + _request(token, {"model": "m", "messages": USER})
+                  + _request("forged", {"model": "m", "messages": USER})
+                  + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                  + _request(token, {"model": "m", "messages": [{"role": "user", "content": "again"}]}))
+        bad, first, forged, health, second = _read_responses(s, 5)
+        s.sendall(_request(token, b"[]"))
+        (late,) = _read_responses(s, 1)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    assert first.json()["choices"][0]["message"]["content"] == "first"
+    assert forged.status_code == 401 and health.json()["status"] == "ok"
+    assert second.json()["choices"][0]["message"]["content"] == "second"
+    assert late.status_code == 400 and "not an object" in late.json()["error"]["message"]
+    assert len(px.calls("r1")) == 2
+
+
+def test_a_coroutine_started_eagerly_runs_to_its_first_wait_at_once_and_then_as_a_task():
+    import asyncio
+
+    from proxy.front import _start_eagerly
+
+    steps = []
+
+    async def call(fut):
+        steps.append("before the wait")
+        try:
+            value = await fut
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+        steps.append(f"after: {value}")
+        await asyncio.sleep(0)
+        return value * 2
+
+    async def whole():
+        steps.append("no wait")
+        return "done"
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        task = _start_eagerly(loop, call(fut))
+        assert steps == ["before the wait"]  # ran in this step, no loop turn
+        fut.set_result(21)
+        assert await task == 42 and steps[-1] == "after: 21"
+        other = loop.create_future()
+        task = _start_eagerly(loop, call(other))
+        await asyncio.sleep(0)
+        task.cancel()  # thrown through to the coroutine where it waits
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert steps[-1] == "cancelled"
+        failing = loop.create_future()
+        task = _start_eagerly(loop, call(failing))
+        failing.set_exception(ValueError("upstream"))
+        with pytest.raises(ValueError, match="upstream"):
+            await task
+        assert _start_eagerly(loop, whole()) is None and steps[-1] == "no wait"  # finished without a wait
+
+    asyncio.run(main())
+
+
 def test_keep_alive_serves_many_calls_on_one_connection_and_http10_closes(px):
     token = px.register("r1")
     with _connect(px) as s:
