@@ -9,7 +9,7 @@ tokenizes on its own hardware, and on this 2-core machine the double's tokenizer
 eat the CPU the proxy is measured on. Warm-up sends every prompt once. For concurrency 1, 16 and 64, streaming
 and not, it runs a fixed number of requests direct, through a bare pass-through proxy that records nothing
 (``bench/passthrough_proxy.py``: the ceiling for any proxy in this position) and through the recording proxy, in
-three interleaved rounds, and compares latency (pooled percentiles) and throughput (the median round).
+five interleaved rounds, and compares latency (pooled percentiles) and throughput (the median round).
 
 Prints a table, then as its LAST line one JSON object with (at least):
   added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
@@ -41,7 +41,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-token-0123456789"
-ROUNDS = 3
+ROUNDS = 5  # interleaved: this machine's speed drifts over minutes (other tenants), and every target sees the drift
 console = Console(stderr=True)
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests per configuration")
     args = ap.parse_args()
-    sizes = {1: 100, 16: 800, 64: 1600} if not args.quick else {1: 40, 16: 200, 64: 400}
+    sizes = {1: 250, 16: 800, 64: 1600} if not args.quick else {1: 50, 16: 200, 64: 400}
 
     tmp = Path(tempfile.mkdtemp(prefix="of-bench-proxy-"))
     up_port, px_port, pt_port = free_port(), free_port(), free_port()

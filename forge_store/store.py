@@ -7,6 +7,7 @@ default for long-running writers such as the proxy and the orchestrator) or stra
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -86,8 +87,6 @@ class Store:
             self._writer.submit(op).result()
 
     async def _write_async(self, op: dict) -> None:
-        import asyncio
-
         if self._writer is None:
             await asyncio.to_thread(self._write, op)
             return

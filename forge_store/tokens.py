@@ -184,9 +184,10 @@ def common_prefix_items(a: bytes, b: bytes, itemsize: int = 4) -> int:
     """Number of leading ``itemsize``-byte items that ``a`` and ``b`` share.
 
     The usual case, one extending the other (an agent's prompt extends the previous call's), is one memcmp with no
-    copy (``startswith``). Otherwise the first difference is found by comparing slices (a memcmp each: comparing
-    memoryviews unpacks item by item, 20x slower) of growing size from the start, then bisecting the slice that
-    differs: O(shared prefix) bytes copied, not O(length) per step."""
+    copy (``startswith``). Otherwise the slice holding the first difference is found by comparing slices (a memcmp
+    each: comparing memoryviews unpacks item by item, 20x slower) of growing size from the start, and the byte
+    within it from the XOR of the two slices read as big-endian integers (its bit length says how many bytes from
+    the slice's end the first difference is): O(shared prefix) bytes copied and a handful of C calls."""
     a, b = bytes(a), bytes(b)  # no copy for bytes
     short, long_ = (a, b) if len(a) <= len(b) else (b, a)
     if long_.startswith(short):
@@ -197,10 +198,5 @@ def common_prefix_items(a: bytes, b: bytes, itemsize: int = 4) -> int:
         if a[lo:hi] != b[lo:hi]:
             break
         lo, step = hi, step * 4
-    while hi - lo > 1:  # invariant: a[:lo] == b[:lo], a[lo:hi] != b[lo:hi]
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo // itemsize
+    x = int.from_bytes(a[lo:hi], "big") ^ int.from_bytes(b[lo:hi], "big")  # invariant: a[:lo] == b[:lo]
+    return (hi - (x.bit_length() + 7) // 8) // itemsize
