@@ -16,6 +16,9 @@ Prints a table, then as its LAST line one JSON object with (at least):
   throughput_ratio_c64, throughput_ratio_c64_stream: proxied / direct requests per second
   cpu_ms_per_call: CPU time per recorded call of the proxy and its children (its store drain process), all proxied
     runs together
+  proxy_own_p50_ms_c1, proxy_own_p50_ms_c16: the proxy's own time per call as it measures it (its
+    openforge_proxy_overhead_seconds histogram: request in to answer out, less the wait for the upstream); what
+    added_p50 has beyond it is the extra loopback hop and process wake-ups, which the bare pass-through pays too
 The 2-core machine runs all three processes (plus the store's writer) at once: ratios are pessimistic there.
 
 Usage: python bench/proxy_overhead.py [--quick]
@@ -120,6 +123,32 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
     return {"latencies": list(latencies), "rps": n / elapsed, "n": n}
 
 
+def overhead_buckets(base: str) -> dict[float, float]:
+    """The proxy's ``openforge_proxy_overhead_seconds`` histogram: cumulative count per upper bound (seconds)."""
+    out = {}
+    for line in httpx.get(base + "/metrics").text.splitlines():
+        if line.startswith("openforge_proxy_overhead_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_median_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The median of the observations made between two snapshots, interpolated within its bucket."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    half, lower, below = counts[-1] / 2, 0.0, 0.0
+    for bound, cum in zip(bounds, counts):
+        if cum >= half:
+            if bound == float("inf"):
+                return lower * 1000
+            return (lower + (bound - lower) * (half - below) / max(cum - below, 1e-9)) * 1000
+        lower, below = bound, cum
+    return None
+
+
 def pooled(rounds: list[dict]) -> dict:
     """Rounds of one target pooled: percentiles over every latency, the median round's requests/s."""
     latencies = [x for r in rounds for x in r["latencies"]]
@@ -163,6 +192,7 @@ def main() -> None:
                 label = f"c{c}{'_stream' if stream else ''}"
                 console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct, bare, proxied[/]")
                 rounds = {"direct": [], "bare": [], "proxied": []}
+                own_before = overhead_buckets(proxied)
                 for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits all three alike
                     rounds["direct"].append(asyncio.run(run_load(direct, tokens, c, n // ROUNDS, stream)))
                     b0 = cpu_seconds(passthrough.pid)
@@ -173,6 +203,7 @@ def main() -> None:
                     cpu += cpu_seconds(proxy.pid) - c0
                     recorded += n // ROUNDS + 8 * c
                 results[label] = {target: pooled(r) for target, r in rounds.items()}
+                results[label]["own_p50_ms"] = bucket_median_ms(own_before, overhead_buckets(proxied))
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
         for proc in (proxy, passthrough, upstream):
@@ -211,6 +242,10 @@ def main() -> None:
         "bare_throughput_ratio_c64": round(results["c64"]["bare"]["rps"] / results["c64"]["direct"]["rps"], 3),
         "bare_throughput_ratio_c64_stream": round(results["c64_stream"]["bare"]["rps"]
                                                   / results["c64_stream"]["direct"]["rps"], 3),
+        # the proxy's own time per call, measured inside it (request in to answer out, less the upstream's share);
+        # the rest of added_p50 is the extra loopback hop and process wake-ups, which the bare pass-through pays too
+        "proxy_own_p50_ms_c1": round(results["c1"]["own_p50_ms"], 3),
+        "proxy_own_p50_ms_c16": round(results["c16"]["own_p50_ms"], 3),
         "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
         "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3),
         "store_dead_letters": stored.get("dead_letters"),

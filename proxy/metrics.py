@@ -20,6 +20,11 @@ class Metrics:
                               buckets=_LATENCY, registry=r)
         self.journal = Histogram("openforge_proxy_journal_seconds", "Time to journal a call", registry=r,
                                  buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 1))
+        self.overhead = Histogram(
+            "openforge_proxy_overhead_seconds", "The proxy's own time per answered (non-streaming) call: from the "
+            "request to its answer, less the wait for the upstream's answer", registry=r,
+            buckets=(0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.0006, 0.0008, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                     0.025, 0.1, 1))
         self.record_failures = Counter("openforge_proxy_record_failures", "Calls that could not be journaled",
                                        registry=r)
         self.errors = Counter("openforge_proxy_errors", "Requests answered with an error by the proxy itself",

@@ -251,7 +251,9 @@ class ProxyService:
             raise exc from None
         self._fill(rec, adapter.parse(data))
         await self._record(rec, t0, part)
-        return Reply(200, orjson.dumps(adapter.answer(data, wants)))
+        reply = Reply(200, orjson.dumps(adapter.answer(data, wants)))
+        self._loop.call_soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)  # bound by _record
+        return reply
 
     async def _upstream_error(self, adapter, rec: CallRecord, t0: float, part, status: int, body: bytes,
                               content_type: str | None) -> Reply:

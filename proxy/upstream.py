@@ -38,6 +38,7 @@ class UpstreamAnswer:
     status: int
     content_type: str
     body: bytes
+    waited_s: float = 0.0  # from the request's last write to the answer's last byte: the upstream's share of a call
 
 
 class _Gone(Exception):
@@ -68,6 +69,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = self.done = self.started = self.framed = False
         self.keep_alive = True
         self.buffered = 0
+        self.done_at = 0.0
         self.error: _Gone | None = None
         self.paused = False
         self.whole = False  # the caller wants the answer whole: wake it when it is complete (or fails), not per piece
@@ -115,6 +117,7 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        self.done_at = time.perf_counter()
         self.done = True
         self.keep_alive = self.parser.should_keep_alive()
 
@@ -285,6 +288,7 @@ class Pending:
         self._upstream, self._path, self._data = upstream, path, data
         self._conn: _Connection | None = None
         self._reused = False
+        self.sent_at = 0.0
 
     async def _write(self) -> None:
         up = self._upstream
@@ -294,6 +298,7 @@ class Pending:
             conn = await up._connect(self._path)
         self._conn = conn
         conn.transport.write(self._data)
+        self.sent_at = time.perf_counter()
 
     async def _head(self, whole: bool = False) -> _Connection:
         """Wait for the answer's head (``whole``: for the whole answer, without a wake-up per piece); once more on a
@@ -323,7 +328,8 @@ class Pending:
     async def answer(self) -> UpstreamAnswer:
         conn = await self._head(whole=True)
         try:
-            return UpstreamAnswer(conn.status, conn.content_type, await self._upstream._read_rest(conn, self._path))
+            body = await self._upstream._read_rest(conn, self._path)
+            return UpstreamAnswer(conn.status, conn.content_type, body, conn.done_at - self.sent_at)
         finally:
             self._upstream._finish(conn)
 

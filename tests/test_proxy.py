@@ -230,8 +230,13 @@ def test_path_token_and_x_api_key_and_models(px):
 
 
 def test_health_and_metrics(px):
+    px.up.double.script.extend([Delay(0.3, then=Text("slow"))])
     px.client(px.register("r1")).chat.completions.create(model="m", messages=USER)
     assert httpx.get(px.url + "/health").json()["status"] == "ok"
     text = httpx.get(px.url + "/metrics").text
     assert 'openforge_proxy_calls_total{outcome="ok",surface="chat.completions",token_exact="true"} 1.0' in text
     assert "openforge_proxy_journal_seconds_bucket" in text
+    # the proxy's own time excludes the upstream's 0.3 s: one observation, under 0.1 s, though the call took 0.3
+    assert "openforge_proxy_overhead_seconds_count 1.0" in text
+    assert 'openforge_proxy_overhead_seconds_bucket{le="0.1"} 1.0' in text
+    assert 'openforge_proxy_call_seconds_bucket{le="0.25",surface="chat.completions"} 0.0' in text
