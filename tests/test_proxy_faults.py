@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 
 import httpx
 import openai
@@ -318,3 +319,41 @@ def test_a_bug_in_the_proxy_is_a_500_in_the_apis_shape_and_the_next_call_works(p
     monkeypatch.setattr(openai_chat, "prepare", real)
     assert _post(px, token, {"model": "m", "messages": USER}).status_code == 200
     assert httpx.get(px.url + "/health").json()["in_flight"] == 0
+
+
+@pytest.mark.parametrize("fsync", [False, True], ids=["no-fsync", "fsync"])
+@pytest.mark.parametrize("when", ["prompt", "answer"])
+def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_path, monkeypatch, fsync, when):
+    """The disk under the journal fails (no space): a call whose record cannot be written gets 503 record_failed,
+    not an answer that would go unrecorded, whether the failure hits the prompt's bodies (journaled while the
+    upstream works) or the call's own record; the journal then refuses until reopened, and says so."""
+    import errno
+
+    from forge_store import journal as journal_module
+
+    harness, serve = make_proxy(up, tmp_path, proxy_journal_fsync=fsync)
+    try:
+        token = harness.register("r1")
+        assert _post(harness, token, {"model": "m", "messages": USER}).status_code == 200
+        real_writev, real_write = journal_module.os.writev, journal_module.os.write
+
+        def no_space(*a):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(journal_module.os, "writev", no_space)
+        monkeypatch.setattr(journal_module.os, "write", no_space)
+        # "answer": the first call's prompt again, so nothing is journaled ahead and the call's own record fails
+        r = _post(harness, token, {"model": "m", "messages": USER if when == "answer" else
+                                   [{"role": "user", "content": "a new prompt, its body new to the journal"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "record_failed"
+        assert "withheld" in r.json()["error"]["message"]
+        monkeypatch.setattr(journal_module.os, "writev", real_writev)
+        monkeypatch.setattr(journal_module.os, "write", real_write)
+        again = _post(harness, token, {"model": "m", "messages": USER})  # the journal stays failed: still 503
+        assert again.status_code == 503 and again.json()["error"]["code"] == "record_failed"
+        assert "openforge_proxy_record_failures_total 2.0" in httpx.get(harness.url + "/metrics").text
+        assert httpx.get(harness.url + "/health").json()["in_flight"] == 0
+    finally:
+        serve.stop()
+        with contextlib.suppress(Exception):  # closing flushes through the failed journal, which refuses
+            harness.store.close()

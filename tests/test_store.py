@@ -271,7 +271,8 @@ def test_prompt_ids_as_text_store_the_same_ids_and_deltas_as_lists(store):
     assert any(r.prompt_ids_prefix_len for r in rows[1:] if int(r.id[1:]) % 3)  # text calls got deltas too
 
 
-def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, settings, monkeypatch):
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, settings, monkeypatch, drain):
     """The proxy's path (``encode_prompt`` while the upstream works, then ``record_call_async``): a prompt's new
     message and tool bodies go into the journal ahead of the call, each body once over the whole rollout (the
     previous answer, now in the history, is not repeated), and the call's own record carries only the answer's
@@ -291,7 +292,7 @@ def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, setti
             part = st.encode_prompt(rec)
             await st.record_call_async(rec, part)
 
-    with open_store(store_url, journal=True, settings=settings) as st:
+    with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         asyncio.run(run(st))
         st.flush()
         got = st.calls("r")
