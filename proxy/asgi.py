@@ -16,6 +16,7 @@ import logging
 import orjson
 
 from . import messages_answer
+from .adapters import as_adapter
 from .errors import ProxyError
 from .metrics import Metrics
 from .service import CallHeaders, ClientGone, Last, ProxyService, Reply, StreamReply
@@ -35,7 +36,8 @@ class ProxyApp:
     """ASGI app: ``routes`` maps a model-call path (``/v1/...``) to its adapter; the rest goes to ``fallback``."""
 
     def __init__(self, service: ProxyService, routes: dict[str, object], fallback):
-        self.service, self.routes, self.fallback = service, routes, fallback
+        self.service, self.fallback = service, fallback
+        self.routes = {path: as_adapter(adapter) for path, adapter in routes.items()}  # wrapped once, not per call
 
     def route(self, path: str) -> tuple[object, str, str | None] | None:
         """(adapter, API path, token from the path) for a model-call POST to ``path``; None for any other route."""

@@ -62,6 +62,17 @@ def test_undecodable_image_is_400(px):
     assert px.up.double.requests == []
 
 
+def test_an_image_spelled_with_json_escapes_is_still_checked_before_upstream(px):
+    """The proxy skips the pre-upstream image check for a body that never spells "image"; a body that spells it only
+    through JSON escapes (which decode to the same part) is checked all the same."""
+    raw = (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "\\u0069mage_url", '
+           b'"\\u0069mage_url": {"url": "data:\\u0069mage/png;base64,!!notb64"}}]}]}')
+    assert b"image" not in raw
+    r = _post(px, px.register("r1"), raw)
+    assert r.status_code == 400 and "not valid base64" in r.json()["error"]["message"]
+    assert px.up.double.requests == []
+
+
 def test_undecodable_image_in_a_rewritten_history_is_400_before_upstream(px):
     """The image check covers every message that differs from the previous call's, not only the appended ones."""
     token = px.register("r1")
