@@ -149,6 +149,10 @@ def bucket_median_ms(before: dict[float, float], after: dict[float, float]) -> f
     return None
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def pooled(rounds: list[dict]) -> dict:
     """Rounds of one target pooled: percentiles over every latency, the median round's requests/s."""
     latencies = [x for r in rounds for x in r["latencies"]]
@@ -244,8 +248,8 @@ def main() -> None:
                                                   / results["c64_stream"]["direct"]["rps"], 3),
         # the proxy's own time per call, measured inside it (request in to answer out, less the upstream's share);
         # the rest of added_p50 is the extra loopback hop and process wake-ups, which the bare pass-through pays too
-        "proxy_own_p50_ms_c1": round(results["c1"]["own_p50_ms"], 3),
-        "proxy_own_p50_ms_c16": round(results["c16"]["own_p50_ms"], 3),
+        "proxy_own_p50_ms_c1": _round(results["c1"]["own_p50_ms"]),  # None against a proxy without the metric
+        "proxy_own_p50_ms_c16": _round(results["c16"]["own_p50_ms"]),
         "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
         "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3),
         "store_dead_letters": stored.get("dead_letters"),
