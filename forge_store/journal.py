@@ -258,19 +258,8 @@ class Journal:
         writer) and wants no thread hop. Same framing, ordering and durability as ``append_many``."""
         if len(payloads) == 1 and not self._sync:
             return self._write_one(payloads[0])
-        req = _Request(self._frames(payloads), None)
-        with self._lock:
-            self._check_open()
-            if self._failed is not None:
-                raise self._failure(self._failed)
         with self._io_lock:
-            try:
-                self._write([req])
-            except BaseException as e:
-                with self._lock:
-                    self._failed = e
-                raise self._failure(e) from e
-        return req.pos
+            return self._write_held(payloads)
 
     async def append_async(self, payload: bytes) -> Position:
         """Like `append`, without blocking the event loop. Cancelling the await does not withdraw the record."""
@@ -518,7 +507,7 @@ class Journal:
         with self._io_lock:
             size = self._size + len(head) + n
             if self._closing or self._failed is not None or (self._size and size > self.segment_bytes):
-                return self._write_slow(payload)
+                return self._write_held([payload])
             try:
                 done = os.writev(self._fd, (head, payload))
                 if done < len(head) + n:  # a short write (a full disk): the rest, or the error that stops it
@@ -534,10 +523,10 @@ class Journal:
                 self._size, self._durable = size, pos
             return pos
 
-    def _write_slow(self, payload: bytes) -> Position:
-        """``_write_one`` for the cases it leaves to the general path (closed, failed, a segment to rotate); the
-        caller holds the I/O lock."""
-        req = _Request(self._frames([payload]), None)
+    def _write_held(self, payloads: list[bytes]) -> Position:
+        """``write_now``'s general path (also ``_write_one``'s for a closed or failed journal and for a segment to
+        rotate); the caller holds the I/O lock."""
+        req = _Request(self._frames(payloads), None)
         with self._lock:
             self._check_open()
             if self._failed is not None:
