@@ -167,14 +167,10 @@ class ProxyService:
         adapter.validate(body)
         tr = adapter.translate(body, self.dialect, binding.rollout_id)
         seq = binding.next_seq()
-        prompt = known = None
-        # Images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream. A
-        # body that never spells "image" (nor hides a word behind a \u escape) has none: its prompt is prepared
-        # after the request went upstream, while the upstream works.
-        if b"image" in raw or b"\\u" in raw:
-            known = binding.prompts.unchanged(tr.messages)
-            if has_inline_data(tr.messages, known[0]):
-                prompt = await asyncio.to_thread(self._prepare, binding, tr.messages, known)
+        prompt, known = None, binding.prompts.unchanged(tr.messages)
+        if has_inline_data(tr.messages, known[0]):
+            # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
+            prompt = await asyncio.to_thread(self._prepare, binding, tr.messages, known)
         await self.registry.enter()
         relay_owns_exit = False
         try:
@@ -223,7 +219,7 @@ class ProxyService:
             metadata=metadata,
         )
 
-    def _prepare(self, binding: Binding, messages: list, known: tuple[int, int] | None) -> PreparedPrompt:
+    def _prepare(self, binding: Binding, messages: list, known: tuple[int, int]) -> PreparedPrompt:
         """The stored copy of the prompt (images to the blob store, redaction); 400 for an undecodable image."""
         try:
             return binding.prompts.prepare(messages, self.store.put_blob, self.redactor, known)

@@ -63,8 +63,8 @@ def test_undecodable_image_is_400(px):
 
 
 def test_an_image_spelled_with_json_escapes_is_still_checked_before_upstream(px):
-    """The proxy skips the pre-upstream image check for a body that never spells "image"; a body that spells it only
-    through JSON escapes (which decode to the same part) is checked all the same."""
+    """An image part whose type is spelled only through JSON escapes (which decode to the same part) is checked
+    before upstream all the same: the check reads the parsed body, never the raw bytes."""
     raw = (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "\\u0069mage_url", '
            b'"\\u0069mage_url": {"url": "data:\\u0069mage/png;base64,!!notb64"}}]}]}')
     assert b"image" not in raw
