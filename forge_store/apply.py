@@ -95,15 +95,12 @@ def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
     row["prompt_ids_tail"] = compress_packed(row.get("prompt_ids_tail"))
     done = row.get("completion_ids")
     try:
-        if done is not None and not isinstance(done, bytes):
-            done = pack_ids(done, compress=False)
-        row["completion_ids"] = compress_packed(done)
+        row["completion_ids"] = compress_packed(done) if done is None or isinstance(done, bytes) else pack_ids(done)
         logprobs = row.get("completion_logprobs")
         if logprobs is not None and not isinstance(logprobs, bytes):
             row["completion_logprobs"] = pack_logprobs(logprobs)
-    except (OverflowError, TypeError, ValueError) as exc:  # an id outside uint32, a non-number
-        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored ({exc}); "
-                            "each id must be an integer in [0, 2**32) and each logprob a number") from None
+    except (TypeError, ValueError) as exc:  # an id outside uint32 (InvalidRecord is a ValueError), a non-number
+        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored ({exc})") from None
     answer = op.get("resp")
     if answer is not None:
         try:

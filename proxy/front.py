@@ -513,7 +513,12 @@ class FrontServer:
         self._thread = threading.Thread(target=run, daemon=True, name=name)
         self._thread.start()
         if not self.started.wait(timeout_s) or failed:
-            error = on_failure() if on_failure else RuntimeError(f"the proxy's server did not start in {timeout_s} s")
+            if on_failure is not None:
+                error = on_failure()
+            elif failed:
+                error = RuntimeError(f"the proxy's server did not start: {failed[0]!r}")
+            else:
+                error = RuntimeError(f"the proxy's server did not start in {timeout_s} s")
             raise error from (failed[0] if failed else None)
 
     def join(self, timeout_s: float = 10.0) -> None:

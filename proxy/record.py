@@ -20,8 +20,8 @@ from .redaction import Redactor
 
 
 _IDS_KEY = b'"prompt_token_ids":['
-_MARK = b"\\u0000openforge-ids"  # where the cut ids were; no engine sends this string
-_MARK_STR = "\u0000openforge-ids"
+_MARK_STR = "\u0000openforge-ids"  # where the cut ids were; no engine sends this string
+_MARKED = b'"prompt_token_ids":"\\u0000openforge-ids"'  # the key with the mark for a value, as JSON
 
 
 def loads_answer(raw: bytes, ids_as_text: bool = False) -> dict:
@@ -34,7 +34,7 @@ def loads_answer(raw: bytes, ids_as_text: bool = False) -> dict:
         end = raw.find(b"]", start)
         ids = IdsText.parse(raw[start:end]) if end >= 0 else None
         if ids is not None:
-            data = orjson.loads(raw[:i] + b'"prompt_token_ids":"' + _MARK + b'"' + raw[end + 1:])
+            data = orjson.loads(raw[:i] + _MARKED + raw[end + 1:])
             if isinstance(data, dict):
                 choices = data.get("choices")
                 for holder in (data, choices[0] if isinstance(choices, list) and choices else None):

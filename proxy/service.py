@@ -252,7 +252,7 @@ class ProxyService:
         self._fill(rec, adapter.parse(data))
         await self._record(rec, t0, part)
         reply = Reply(200, orjson.dumps(adapter.answer(data, wants)))
-        self._loop.call_soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)  # bound by _record
+        self._soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)
         return reply
 
     async def _upstream_error(self, adapter, rec: CallRecord, t0: float, part, status: int, body: bytes,
@@ -377,14 +377,15 @@ class ProxyService:
             await self.store.record_call_async(rec, part)
         except Exception as exc:
             raise self._unrecordable(rec, exc) from exc
-        # after the answer has gone out (this runs in the call's loop step, the reply is written in the same step);
-        # the loop is kept, not looked up: asyncio.get_running_loop() costs a getpid() system call per lookup
+        self._soon(self.metrics.observe_call, rec, time.perf_counter() - t1)
+
+    def _soon(self, fn, *args) -> None:
+        """``fn(*args)`` once the answer has gone out (the call's loop step writes it; this runs in the next).
+
+        The loop is kept, not looked up per call: in Python 3.11 ``asyncio.get_running_loop()`` is a ``getpid()``
+        system call. A service runs in one loop (its registry and upstream pool are bound to it, as asyncio objects
+        are); a closed one (a test's previous ``asyncio.run``) is replaced."""
         loop = self._loop
         if loop is None or loop.is_closed():
-            loop = self._bind_loop()
-        loop.call_soon(self.metrics.observe_call, rec, time.perf_counter() - t1)
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        """The service's loop (its registry and upstream pool are bound to one loop too, as asyncio objects are)."""
-        self._loop = asyncio.get_running_loop()
-        return self._loop
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(fn, *args)

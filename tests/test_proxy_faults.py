@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 
 import httpx
 import openai
@@ -342,24 +343,36 @@ def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_pat
 
     from forge_store import journal as journal_module
 
+    from forge_store.writer import decode
+
+    refused: list[str] = []  # the kind of each journal operation the disk refused
+
+    class FullDisk:  # the journal module's ``os``, whose writes fail; every other call goes to the real one
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def writev(fd, parts):
+            return FullDisk.write(fd, b"".join(parts))
+
+        @staticmethod
+        def write(fd, data):
+            size = journal_module._HEADER.size
+            refused.append(decode(bytes(data[size:size + journal_module._HEADER.unpack(data[:size])[0]]))["k"])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
     harness, serve = make_proxy(up, tmp_path, proxy_journal_fsync=fsync)
     try:
         token = harness.register("r1")
         assert _post(harness, token, {"model": "m", "messages": USER}).status_code == 200
-        real_writev, real_write = journal_module.os.writev, journal_module.os.write
-
-        def no_space(*a):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(journal_module.os, "writev", no_space)
-        monkeypatch.setattr(journal_module.os, "write", no_space)
+        monkeypatch.setattr(journal_module, "os", FullDisk())
         # "answer": the first call's prompt again, so nothing is journaled ahead and the call's own record fails
         r = _post(harness, token, {"model": "m", "messages": USER if when == "answer" else
                                    [{"role": "user", "content": "a new prompt, its body new to the journal"}]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "record_failed"
         assert "withheld" in r.json()["error"]["message"]
-        monkeypatch.setattr(journal_module.os, "writev", real_writev)
-        monkeypatch.setattr(journal_module.os, "write", real_write)
+        assert refused == ["msgs" if when == "prompt" else "call"]  # the write this case is about, and no other
+        monkeypatch.setattr(journal_module, "os", os)
         again = _post(harness, token, {"model": "m", "messages": USER})  # the journal stays failed: still 503
         assert again.status_code == 503 and again.json()["error"]["code"] == "record_failed"
         assert "openforge_proxy_record_failures_total 2.0" in httpx.get(harness.url + "/metrics").text
