@@ -68,7 +68,7 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
     tool_schemas: dict[str, dict] = {}
     for i, op in enumerate(ops):
         kind, seq = op["k"], first + i
-        if kind == "msgs":  # a call's new message and tool bodies, journaled ahead of it (see CallEncoder.written)
+        if kind == "msgs":  # a call's new message and tool bodies, journaled ahead of it (see CallEncoder.ahead)
             _bodies(op, seq, messages, tool_schemas)
             continue
         if kind == "rollout_finish":

@@ -34,7 +34,7 @@ class PromptPart:
     base_len: int
     new_msgs: dict[str, tuple[str | None, str]]  # hash -> (role, canonical body): not journaled before
     new_tools: tuple[str, str] | None  # (hash, canonical body) of the tool schemas, if not journaled before
-    written: bool = False  # ``new_msgs`` / ``new_tools`` are journaled already, ahead of the call (see ``written``)
+    written: bool = False  # ``new_msgs`` / ``new_tools`` are journaled already, ahead of the call (``journaled``)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class CallEncoder:
     def encode_prompt(self, rec: CallRecord) -> PromptPart:
         """The request side of ``encode``: message and tool bodies and hashes, the prompt's delta against the
         rollout's previous call, and which bodies are new to the journal. It needs no answer: a caller waiting on
-        the answer (the proxy) does it meanwhile, may journal the new bodies ahead of the call (``written``) and hands
+        the answer (the proxy) does it meanwhile, may journal the new bodies ahead of the call (``ahead``) and hands
         the result to ``encode`` as ``prompt``."""
         # Messages equal to the previous call's (Python ==, a C-speed deep compare) reuse its hashes, so a call
         # costs O(new content). Values Python calls equal but JSON spells differently (1, 1.0, true) inside an
@@ -117,12 +117,12 @@ class CallEncoder:
         return PromptPart(rec.messages, rec.tools, hashes, tools_hash, system_prompt_hash(rec.messages), base_call,
                           base_len, new_msgs, new_tools)
 
-    def written(self, prompt: PromptPart) -> dict | None:
+    def ahead(self, prompt: PromptPart) -> dict | None:
         """The journal operation that stores ``prompt``'s new message and tool bodies ahead of its call (None if it
-        has none); once the caller has journaled it, later calls refer to those bodies instead of repeating them.
-        The proxy journals it while the upstream works, so the call's own operation, written between the answer's
-        arrival and its last byte to the client, carries only the answer's side."""
-        prompt.written = True
+        has none); once the caller has journaled it (and said so: ``journaled``), the call's operation and later
+        calls refer to those bodies instead of repeating them. The proxy journals it while the upstream works, so
+        the call's own operation, written between the answer's arrival and its last byte, carries only the answer's
+        side."""
         if not prompt.new_msgs and prompt.new_tools is None:
             return None
         op: dict = {"k": "msgs", "msgs": prompt.new_msgs}
@@ -131,7 +131,8 @@ class CallEncoder:
         return op
 
     def journaled(self, prompt: PromptPart) -> None:
-        """``written(prompt)``'s operation is in the journal: its bodies need not be repeated."""
+        """``ahead(prompt)``'s operation is in the journal: its bodies need not be repeated."""
+        prompt.written = True
         with self._lock:
             for h in prompt.new_msgs:
                 self._remember(self._journaled, h, self.max_hashes)

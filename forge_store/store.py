@@ -115,7 +115,7 @@ class Store:
         so the call's record carries only what the answer adds. Raises if the journal cannot take them."""
         part = self._encoder.encode_prompt(rec)
         if self._writer is not None:
-            op = self._encoder.written(part)
+            op = self._encoder.ahead(part)
             if op is not None:
                 try:
                     if self._writer.journal.fsync:
