@@ -39,6 +39,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -125,12 +126,9 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
 
 def overhead_buckets(base: str) -> dict[float, float]:
     """The proxy's ``openforge_proxy_overhead_seconds`` histogram: cumulative count per upper bound (seconds)."""
-    out = {}
-    for line in httpx.get(base + "/metrics").text.splitlines():
-        if line.startswith("openforge_proxy_overhead_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+    return {float(s.labels["le"]): s.value  # float() reads "+Inf"
+            for family in text_string_to_metric_families(httpx.get(base + "/metrics").text)
+            for s in family.samples if s.name == "openforge_proxy_overhead_seconds_bucket"}
 
 
 def bucket_median_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
