@@ -240,3 +240,28 @@ def test_health_and_metrics(px):
     assert "openforge_proxy_overhead_seconds_count 1.0" in text
     assert 'openforge_proxy_overhead_seconds_bucket{le="0.1"} 1.0' in text
     assert 'openforge_proxy_call_seconds_bucket{le="0.25",surface="chat.completions"} 0.0' in text
+
+
+def test_a_lone_call_yields_the_cpu_once_its_request_is_upstream_and_one_among_others_does_not(px, monkeypatch):
+    """With no other call in flight the proxy yields right after writing the request upstream (so that an inference
+    server on the same CPU starts on it before the proxy's own bookkeeping); with others in flight it does not."""
+    import proxy.service
+
+    registry = px.proxy.app.service.registry
+    seen: list[int] = []  # calls in flight at each yield
+    monkeypatch.setattr(proxy.service, "_sched_yield", lambda: seen.append(registry.in_flight))
+    client = px.async_client(px.register("r1"))
+
+    async def main():
+        await client.chat.completions.create(model="m", messages=USER)  # alone
+        assert seen == [1]
+        px.up.double.script.extend([Delay(0.5, then=Text("slow")), Text("fast")])
+        slow = asyncio.ensure_future(client.chat.completions.create(model="m", messages=USER))
+        while registry.in_flight == 0:
+            await asyncio.sleep(0.01)
+        await client.chat.completions.create(model="m", messages=USER + [{"role": "user", "content": "again"}])
+        await slow
+
+    asyncio.run(main())
+    assert seen == [1, 1]  # the slow call yielded (it went alone); the one made beside it did not
+    assert len(px.calls("r1")) == 3
