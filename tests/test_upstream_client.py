@@ -224,6 +224,42 @@ def test_silence_past_the_read_timeout_is_a_504():
         server.close()
 
 
+def test_a_stream_that_keeps_coming_outlives_the_read_timeout_and_its_silence_does_not():
+    """The read timeout is silence, not the stream's length: pieces 0.15 s apart run past a 0.4 s timeout for as long
+    as they come, on one connection timer that each piece pushes on; the silence after the last is a 504 about 0.4 s
+    later."""
+    async def handler(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(8):
+            event = b"data: %d\n\n" % i
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(0.15)
+        await asyncio.sleep(5)
+
+    async def main():
+        up = Upstream(f"http://127.0.0.1:{server.port}", read_timeout_s=0.4)
+        stream = await up.open_stream("/x", b"{}")
+        got, last = [], 0.0
+        with pytest.raises(UpstreamFailure) as info:
+            async for events in stream.batches():
+                got.extend(events)
+                last = asyncio.get_running_loop().time()
+        silence = asyncio.get_running_loop().time() - last
+        stream.close()
+        return got, info.value, silence
+
+    server = RawServer(handler)
+    try:
+        got, failure, silence = asyncio.run(asyncio.wait_for(main(), 20))
+        assert got == [b"data: %d" % i for i in range(8)]  # 1.2 s of stream under a 0.4 s timeout
+        assert failure.status == 504 and failure.error_class == "upstream_timeout"
+        assert 0.4 <= silence < 1.5, silence
+    finally:
+        server.close()
+
+
 def test_a_url_that_is_not_http_is_refused_up_front():
     with pytest.raises(ValueError, match="not an http"):
         Upstream("ftp://example.com")
