@@ -103,12 +103,11 @@ class CallEncoder:
         answered = state.response if state is not None else None  # journaled with the previous call
         new_msgs: dict[str, tuple[str | None, str]] = {}
         with self._lock:
-            for i in range(base_len, len(hashes)):
+            for i in range(base_len, len(hashes)):  # base_len >= same: the first ``same`` hashes are the previous call's
                 h = hashes[i]
                 if h in self._journaled or h in new_msgs:
                     continue
-                m = rec.messages[i]
-                body = bodies[i - same] if i >= same else canonical_json(m).decode()
+                m, body = rec.messages[i], bodies[i - same]
                 if answered is not None and m == answered and canonical_json(answered).decode() == body:
                     self._remember(self._journaled, h, self.max_hashes)  # the previous answer, now in the history
                     continue
