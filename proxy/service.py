@@ -333,7 +333,7 @@ class ProxyService:
                 out.append(end)
             yield Last(b"".join(out))
         finally:
-            stream.close()
+            stream.close(complete=relay.done)  # stopped at the upstream's end: its connection stays reusable
             self.registry.leave()
             if not recorded:  # the client went away mid-stream: keep what it was sent
                 rec.error_class = rec.error_class or "client_disconnected"

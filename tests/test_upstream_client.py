@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
+import time
 
 import orjson
 import pytest
@@ -256,6 +257,123 @@ def test_a_stream_that_keeps_coming_outlives_the_read_timeout_and_its_silence_do
         assert failure.status == 504 and failure.error_class == "upstream_timeout"
         assert 0.4 <= silence < 1.5, silence
     finally:
+        server.close()
+
+
+CHUNK = orjson.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def late_end_server(end_after: float | None, ended: list | None = None) -> RawServer:
+    """Streams one chat chunk and ``[DONE]`` (flushed), then the transfer's empty last chunk ``end_after`` seconds
+    later (None: never), as an engine's server may; then answers the next request on the same connection. Each
+    connection's fate goes into ``ended``: "eof" if the client closed it."""
+    async def handler(reader, writer):
+        while True:
+            try:
+                await read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                if ended is not None:
+                    ended.append("eof")
+                return
+            writer.write(STREAM_HEAD + chunked(b"data: " + CHUNK + b"\n\n") + chunked(b"data: [DONE]\n\n"))
+            await writer.drain()
+            if end_after is None:
+                continue  # the transfer never ends: the next read sees the client's close
+            await asyncio.sleep(end_after)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    return RawServer(handler)
+
+
+async def stream_to_done(up: Upstream) -> list[bytes]:
+    """A stream read the way the proxy's relay reads one: to its ``[DONE]``, then closed as complete."""
+    stream = await up.open_stream("/x", b"{}")
+    got = []
+    async for events in stream.batches():
+        got.extend(events)
+        if events[-1] == b"data: [DONE]":
+            break
+    stream.close(complete=True)
+    return got
+
+
+def test_a_stream_closed_at_its_done_keeps_its_connection_when_the_transfers_end_comes_later():
+    """``[DONE]`` and the transfer's empty last chunk come apart (50 ms here; on loopback often microseconds, in
+    packets of their own): the caller that stops at ``[DONE]`` does not cost the next call a new connection."""
+    server = late_end_server(0.05)
+
+    async def run(up: Upstream):
+        first = await stream_to_done(up)
+        await asyncio.sleep(0.15)  # the end has come: the connection is back in the pool
+        second = await stream_to_done(up)
+        answer = await up.request("POST", "/x", b"{}")  # right after [DONE]: parked, so a fresh connection
+        return first, second, answer
+
+    try:
+        first, second, answer = run_against(server, run)
+        assert first == second == [b"data: " + CHUNK, b"data: [DONE]"] and answer.status == 200
+        assert server.connections == 2, server.connections
+    finally:
+        server.close()
+
+
+def test_a_finished_stream_whose_transfer_never_ends_is_closed_and_one_stopped_early_at_once(monkeypatch):
+    from proxy import upstream as upstream_module
+
+    monkeypatch.setattr(upstream_module, "_PARK_S", 0.3)
+    ended: list[str] = []
+    server = late_end_server(None, ended)
+
+    async def run(up: Upstream):
+        await stream_to_done(up)
+        await asyncio.sleep(0.1)
+        parked = list(ended)  # still open, waiting for the transfer's end
+        await asyncio.sleep(0.5)
+        timed_out = list(ended)  # closed by the park's timeout
+        stream = await up.open_stream("/x", b"{}")
+        async for _ in stream.batches():
+            break
+        stream.close()  # stopped early: closed now, so that the server stops generating
+        await asyncio.sleep(0.1)
+        return parked, timed_out, list(ended)
+
+    try:
+        parked, timed_out, stopped = run_against(server, run)
+        assert parked == [] and timed_out == ["eof"] and stopped == ["eof", "eof"]
+        assert server.connections == 2
+    finally:
+        server.close()
+
+
+def test_the_proxy_reuses_the_connection_of_a_relayed_stream_whose_end_came_after_its_done(tmp_path):
+    """Through the proxy, with the official SDK: two streamed calls, one upstream connection."""
+    import types
+
+    import openai
+
+    from tests.proxy_fixtures import make_proxy
+
+    server = late_end_server(0.05)
+    px, serve = make_proxy(types.SimpleNamespace(url=f"http://127.0.0.1:{server.port}"), tmp_path)
+    try:
+        client = px.client(px.register("r1"))
+        for _ in range(2):
+            chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                         stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hi"
+            time.sleep(0.15)
+        assert server.connections == 1
+        assert [c.error_class for c in px.calls("r1")] == [None, None]
+    finally:
+        serve.stop()
+        px.store.close()
         server.close()
 
 
