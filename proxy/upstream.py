@@ -210,6 +210,7 @@ class Upstream:
         self._head = head
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self._idle: list[_Connection] = []
+        self._parked: set[_Connection] = set()  # finished streams whose transfer has not ended yet (see _checkin)
         self._slots: asyncio.Semaphore | None = None
         self._pool = pool
 
@@ -218,9 +219,10 @@ class Upstream:
             self._slots = asyncio.Semaphore(self._pool)
 
     async def close(self) -> None:
-        for conn in self._idle:
+        for conn in [*self._idle, *self._parked]:
             conn.abort()
         self._idle.clear()
+        self._parked.clear()
 
     def _fail(self, exc: BaseException, path: str) -> UpstreamFailure:
         if isinstance(exc, TimeoutError):
@@ -264,7 +266,8 @@ class Upstream:
             conn._reset()
             self._idle.append(conn)
         elif complete and not conn.done and conn.error is None and not conn.closed and conn.keep_alive:
-            conn.park(self._checkin)
+            self._parked.add(conn)
+            conn.park(self._unparked)
         else:
             conn.abort()
 
@@ -305,6 +308,10 @@ class Upstream:
             return conn.take() if conn.chunks else b""
         parts = [data async for data in self._body(conn, path)]
         return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    def _unparked(self, conn: _Connection) -> None:
+        self._parked.discard(conn)
+        self._checkin(conn)
 
     def _finish(self, conn: _Connection, complete: bool = False) -> None:
         self._checkin(conn, complete)

@@ -307,19 +307,24 @@ async def stream_to_done(up: Upstream) -> list[bytes]:
 def test_a_stream_closed_at_its_done_keeps_its_connection_when_the_transfers_end_comes_later():
     """``[DONE]`` and the transfer's empty last chunk come apart (50 ms here; on loopback often microseconds, in
     packets of their own): the caller that stops at ``[DONE]`` does not cost the next call a new connection."""
-    server = late_end_server(0.05)
+    ended: list[str] = []
+    server = late_end_server(0.05, ended)
 
     async def run(up: Upstream):
         first = await stream_to_done(up)
         await asyncio.sleep(0.15)  # the end has come: the connection is back in the pool
         second = await stream_to_done(up)
         answer = await up.request("POST", "/x", b"{}")  # right after [DONE]: parked, so a fresh connection
-        return first, second, answer
+        await stream_to_done(up)  # parked again: closing the client closes it, with the pooled one
+        await up.close()
+        await asyncio.sleep(0.2)
+        return first, second, answer, list(ended)
 
     try:
-        first, second, answer = run_against(server, run)
+        first, second, answer, closed = run_against(server, run)
         assert first == second == [b"data: " + CHUNK, b"data: [DONE]"] and answer.status == 200
         assert server.connections == 2, server.connections
+        assert closed == ["eof", "eof"], closed
     finally:
         server.close()
 
