@@ -12,13 +12,73 @@ finish is stamped with ``finished_seq`` so ``as_of`` reads see a rollout as unfi
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timezone
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
+# PostgreSQL refuses U+0000 in jsonb (even escaped) and in text, where SQLite keeps it. Without the two
+# types below a model answer, a sampling parameter or an error text with one in it would be refused by the database:
+# the call dead-lettered, and every later call of its rollout, whose prompt is a delta on it, unreadable.
+NUL_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value holding U+0000 is stored as {NUL_WRAP: its JSON text}
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # "\u0000" after an even number of backslashes: a real U+0000
+
+
+def _json_text(value) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an int past 64 bits, say: the standard library writes what the database would get
+        return json.dumps(value).encode()
+
+
+class StoredJSON(sa.TypeDecorator):
+    """JSON (jsonb on PostgreSQL). On PostgreSQL a value that holds U+0000 anywhere (a string, a key) is stored as
+    ``{NUL_WRAP: "<its JSON text>"}``, in which the character is an escaped backslash and jsonb takes it; reads
+    through the store unwrap it, so nothing is lost. A value that is itself such a one-key object is wrapped too,
+    so that unwrapping gives back exactly what was written. SQL readers see the wrapper on those (rare) rows."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else sa.JSON())
+
+    def process_bind_param(self, value, dialect):
+        if value is None or dialect.name != "postgresql":
+            return value
+        if isinstance(value, dict) and len(value) == 1 and NUL_WRAP in value:
+            return {NUL_WRAP: _json_text(value).decode()}
+        text = _json_text(value)
+        if b"\\u0000" in text and _NUL_ESCAPE.search(text):
+            return {NUL_WRAP: text.decode()}
+        return value
+
+    def process_result_value(self, value, dialect):
+        if (dialect.name == "postgresql" and isinstance(value, dict) and len(value) == 1
+                and isinstance(value.get(NUL_WRAP), str)):
+            return json.loads(value[NUL_WRAP])
+        return value
+
+
+class StoredText(sa.TypeDecorator):
+    """Free text (model names, error and outcome details). PostgreSQL cannot hold U+0000 in text: there it becomes
+    U+FFFD (the replacement character), the one change the store makes to what it is given. Exact bytes that matter
+    (messages, answers, token ids) are stored as JSON text or binary, which keep it."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and dialect.name == "postgresql" and "\x00" in value:
+            return value.replace("\x00", "\ufffd")
+        return value
+
+
+JsonType = StoredJSON()
 
 
 class UTCDateTime(sa.TypeDecorator):
@@ -57,7 +117,7 @@ def _seq() -> Mapped[int]:
 class StoreMeta(Base):
     __tablename__ = "store_meta"
     key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    value: Mapped[str] = mapped_column(StoredText, nullable=False)
 
 
 class IngestCounter(Base):
@@ -71,11 +131,11 @@ class IngestCounter(Base):
 class Task(Base):
     __tablename__ = "tasks"
     id: Mapped[str] = _id()
-    source: Mapped[str | None] = mapped_column(sa.Text)
+    source: Mapped[str | None] = mapped_column(StoredText)
     domain: Mapped[str | None] = mapped_column(sa.String(128), index=True)
     instruction_hash: Mapped[str | None] = mapped_column(sa.String(64))
     verifier_hash: Mapped[str | None] = mapped_column(sa.String(64))
-    environment_ref: Mapped[str | None] = mapped_column(sa.Text)
+    environment_ref: Mapped[str | None] = mapped_column(StoredText)
     meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     ingest_seq: Mapped[int] = _seq()
@@ -95,8 +155,8 @@ class Harness(Base):
 class PolicyVersion(Base):
     __tablename__ = "policy_versions"
     id: Mapped[str] = _id()
-    model_name: Mapped[str] = mapped_column(sa.Text, nullable=False)
-    checkpoint_id: Mapped[str | None] = mapped_column(sa.Text)
+    model_name: Mapped[str] = mapped_column(StoredText, nullable=False)
+    checkpoint_id: Mapped[str | None] = mapped_column(StoredText)
     checkpoint_hash: Mapped[str | None] = mapped_column(sa.String(64))
     global_step: Mapped[int | None] = mapped_column(sa.BigInteger)
     tokenizer_hash: Mapped[str | None] = mapped_column(sa.String(64))
@@ -112,7 +172,7 @@ class PolicyVersion(Base):
 class Run(Base):
     __tablename__ = "runs"
     id: Mapped[str] = _id()
-    name: Mapped[str | None] = mapped_column(sa.Text)
+    name: Mapped[str | None] = mapped_column(StoredText)
     config: Mapped[dict | None] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     ingest_seq: Mapped[int] = _seq()
@@ -140,15 +200,15 @@ class Rollout(Base):
     harness_id: Mapped[str | None] = mapped_column(sa.String(128))
     policy_version_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
     backend: Mapped[str | None] = mapped_column(sa.String(64))
-    image_ref: Mapped[str | None] = mapped_column(sa.Text)
+    image_ref: Mapped[str | None] = mapped_column(StoredText)
     image_digest: Mapped[str | None] = mapped_column(sa.String(128))
-    pod_name: Mapped[str | None] = mapped_column(sa.Text)
-    node_name: Mapped[str | None] = mapped_column(sa.Text)
+    pod_name: Mapped[str | None] = mapped_column(StoredText)
+    node_name: Mapped[str | None] = mapped_column(StoredText)
     attempt: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=1)
     retry_of: Mapped[str | None] = mapped_column(sa.String(128))
     status: Mapped[str] = mapped_column(sa.String(32), nullable=False)
     outcome: Mapped[str | None] = mapped_column(sa.String(32), index=True)
-    outcome_detail: Mapped[str | None] = mapped_column(sa.Text)
+    outcome_detail: Mapped[str | None] = mapped_column(StoredText)
     meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -162,7 +222,7 @@ class Message(Base):
     __tablename__ = "messages"
     sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     role: Mapped[str | None] = mapped_column(sa.String(32))
-    body: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    body: Mapped[str] = mapped_column(StoredText, nullable=False)
     size: Mapped[int] = mapped_column(sa.Integer, nullable=False)
     ingest_seq: Mapped[int] = _seq()
 
@@ -172,7 +232,7 @@ class ToolSchema(Base):
 
     __tablename__ = "tool_schemas"
     sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    body: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    body: Mapped[str] = mapped_column(StoredText, nullable=False)
     ingest_seq: Mapped[int] = _seq()
 
 
@@ -200,7 +260,7 @@ class Call(Base):
     rollout_id: Mapped[str | None] = mapped_column(sa.String(128))
     seq: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
     api_surface: Mapped[str] = mapped_column(sa.String(32), nullable=False)
-    model: Mapped[str | None] = mapped_column(sa.Text)
+    model: Mapped[str | None] = mapped_column(StoredText)
     streamed: Mapped[bool] = mapped_column(sa.Boolean, nullable=False)
     request_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False, index=True)
     system_prompt_hash: Mapped[str | None] = mapped_column(sa.String(64))
@@ -227,7 +287,7 @@ class Call(Base):
     latency_ms: Mapped[float | None] = mapped_column(sa.Float)
     upstream_status: Mapped[int | None] = mapped_column(sa.Integer)
     error_class: Mapped[str | None] = mapped_column(sa.String(64))
-    error_detail: Mapped[str | None] = mapped_column(sa.Text)
+    error_detail: Mapped[str | None] = mapped_column(StoredText)
     retry_of: Mapped[str | None] = mapped_column(sa.String(128))
     policy_version_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
     token_exact: Mapped[bool] = mapped_column(sa.Boolean, nullable=False)
@@ -278,9 +338,9 @@ class Export(Base):
     __tablename__ = "exports"
     id: Mapped[str] = _id()
     format: Mapped[str] = mapped_column(sa.String(32), nullable=False)
-    query: Mapped[str | None] = mapped_column(sa.Text)
+    query: Mapped[str | None] = mapped_column(StoredText)
     watermark: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
-    out_dir: Mapped[str | None] = mapped_column(sa.Text)
+    out_dir: Mapped[str | None] = mapped_column(StoredText)
     manifest: Mapped[dict | None] = mapped_column(JsonType)
     counts: Mapped[dict | None] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from forge_store.schema import JsonType
+
 _CALLS = sa.text("SELECT id, rollout_id, seq, prompt_tail, response, response_message_hash, tool_schema_hash "
                  "FROM calls WHERE rollout_id IN :ids ORDER BY rollout_id, seq, id"
-                 ).bindparams(sa.bindparam("ids", expanding=True))
+                 ).bindparams(sa.bindparam("ids", expanding=True)).columns(prompt_tail=JsonType, response=JsonType)
 _MESSAGES = sa.text("SELECT sha256, body FROM messages WHERE sha256 IN :h AND role IN ('tool', 'assistant')"
                     ).bindparams(sa.bindparam("h", expanding=True))
 _TOOLS = sa.text("SELECT sha256, body FROM tool_schemas WHERE sha256 IN :h").bindparams(sa.bindparam("h", expanding=True))
