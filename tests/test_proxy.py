@@ -265,3 +265,25 @@ def test_a_lone_call_yields_the_cpu_once_its_request_is_upstream_and_one_among_o
     asyncio.run(main())
     assert seen == [1, 1]  # the slow call yielded (it went alone); the one made beside it did not
     assert len(px.calls("r1")) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_answer_with_a_nul_character_is_stored_on_postgresql_and_the_rollout_goes_on(up, tmp_path, pg_database,
+                                                                                       stream):
+    """A model that emits U+0000 (a byte-level tokenizer can): PostgreSQL's jsonb refuses the character, and the
+    call's record must land anyway, exactly, with the next call of the rollout readable after it."""
+    from tests.proxy_fixtures import running_proxy
+
+    up.double.script.extend([Text("zero \x00 byte"), Text("next")])
+    with running_proxy(up, tmp_path, store_url=pg_database) as px:
+        client = px.client(px.register("r1"))
+        messages = list(USER)
+        for _ in range(2):
+            r = client.chat.completions.create(model="m", messages=messages, stream=stream)
+            text = "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "go on"}]
+        first, second = px.calls("r1")
+        assert px.store.writer_status()["dead_letters"] == 0
+        assert first.response["text"] == first.response_message["content"] == messages[1]["content"] == "zero \x00 byte"
+        assert second.messages == messages[:3] and second.response["text"] == "next"
+        assert first.token_exact and second.token_exact
