@@ -17,7 +17,13 @@ import orjson
 from .errors import InvalidRecord
 from .hashing import canonical_json, json_sha256, sha256_hex
 from .records import API_SURFACES, CallRecord
+from .schema import Call, string_limits
 from .tokens import IdsText, common_prefix_items, common_prefix_text, ids_to_bytes, pack_ids
+
+# The call's String(n) fields its writer sets (the rest are hashes and ids the store makes)
+_CALL_LIMITS = tuple((name, most) for name, most in string_limits(Call.__table__).items()
+                     if name in ("id", "rollout_id", "request_hash", "finish_reason", "error_class", "retry_of",
+                                 "policy_version_id"))
 
 
 @dataclass(slots=True)
@@ -147,6 +153,13 @@ class CallEncoder:
             raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
         if rec.started_at.tzinfo is None:
             raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
+        for name, most in _CALL_LIMITS:  # what the caller gives that PostgreSQL would refuse later (see check_lengths)
+            value = getattr(rec, name)
+            if value is not None and (not isinstance(value, str) or len(value) > most):
+                what = (f"is {len(value)} characters; the store holds at most {most} there: use a shorter {name}"
+                        if isinstance(value, str) else "is not a string")
+                shown = str(value)[:48] + ("..." if len(str(value)) > 48 else "")
+                raise InvalidRecord(f"call {str(rec.id)[:64]}: {name} {shown!r} {what}")
         if prompt is None or prompt.messages is not rec.messages or prompt.tools is not rec.tools:
             prompt = self.encode_prompt(rec)
         hashes, tools_hash = prompt.hashes, prompt.tools_hash

@@ -345,3 +345,9 @@ class Export(Base):
     counts: Mapped[dict | None] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     ingest_seq: Mapped[int] = _seq()
+
+
+def string_limits(table: sa.Table) -> dict[str, int]:
+    """Column name -> the most characters its ``String(n)`` holds: PostgreSQL refuses more (SQLite does not), so the
+    store checks before it journals, where the writer can still be told."""
+    return {c.name: c.type.length for c in table.columns if isinstance(c.type, sa.String) and c.type.length}

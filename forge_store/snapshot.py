@@ -40,7 +40,7 @@ def _arrow_type(col: sa.Column) -> pa.DataType:
 
 
 def _converter(col: sa.Column) -> Callable:
-    if isinstance(col.type, sa.JSON):
+    if isinstance(col.type, (sa.JSON, schema.StoredJSON)):
         return lambda v: None if v is None else canonical_json(v).decode()
     return lambda v: v
 

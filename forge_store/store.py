@@ -19,7 +19,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from . import migrate, reads, schema
-from .apply import apply_ops
+from .apply import apply_ops, check_lengths
 from .blobs import BlobStore, LocalBlobStore
 from .engine import create_engine, redact_url
 from .errors import InvalidRecord, StoreUnavailable
@@ -80,6 +80,8 @@ class Store:
 
     # ---- writes -------------------------------------------------------------------------------------------
     def _write(self, op: dict) -> None:
+        if op["k"] != "call":  # a call's were checked by the encoder, before it changed its state
+            check_lengths(op)
         if self._writer is None:
             with self.engine.begin() as conn:
                 apply_ops(conn, [op])

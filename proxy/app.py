@@ -107,6 +107,10 @@ def create_app(service: ProxyService, *, admin_token: str, responses_mode: str =
         reply = error_reply(exc, request.url.path, service.metrics)
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
+    @app.exception_handler(InvalidRecord)
+    async def invalid_record(request: Request, exc: InvalidRecord):  # an admin request the store cannot keep
+        return await proxy_error(request, ProxyError(400, str(exc), code="invalid_record"))
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         return JSONResponse({"error": {"message": str(exc.errors()), "type": "invalid_request_error",

@@ -22,7 +22,7 @@ import orjson
 
 from forge_store import CallRecord, InvalidRecord, Store
 from forge_store.hashing import sha256_hex
-from forge_store.schema import utcnow
+from forge_store.schema import Call, string_limits, utcnow
 
 from .adapters import as_adapter
 from .errors import ProxyError, UpstreamFailure
@@ -53,6 +53,8 @@ class _CallIds:
 
 
 _call_ids = _CallIds()
+
+FINISH_REASON_MAX = string_limits(Call.__table__)["finish_reason"]
 
 # The CPU to the upstream, once a lone call is on its way (see ``ProxyService.call``); a no-op where there is none.
 _sched_yield = getattr(os, "sched_yield", lambda: None)
@@ -347,6 +349,11 @@ class ProxyService:
     def _fill(rec: CallRecord, comp: Completion) -> None:
         rec.response, rec.response_message = comp.response(), comp.message()
         rec.finish_reason, rec.usage = comp.finish_reason, comp.usage
+        if rec.finish_reason is not None and (not isinstance(rec.finish_reason, str)
+                                              or len(rec.finish_reason) > FINISH_REASON_MAX):
+            # an engine's own word, past what the store's column holds: kept whole in the metadata
+            rec.metadata = {**(rec.metadata or {}), "finish_reason": rec.finish_reason}
+            rec.finish_reason = str(rec.finish_reason)[:FINISH_REASON_MAX]
         rec.prompt_token_ids, rec.completion_token_ids = comp.prompt_token_ids, comp.completion_token_ids
         rec.completion_logprobs = comp.checked_logprobs()
         rec.token_exact = comp.token_exact and rec.error_class is None

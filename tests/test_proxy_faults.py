@@ -269,6 +269,9 @@ def test_no_key_is_401_unless_unbound_calls_are_allowed(up, tmp_path):
 def test_bad_admin_requests(px):
     assert px.admin("POST", "/admin/rollouts", json={"bogus": 1}).status_code == 422
     assert px.admin("POST", "/admin/rollouts/x/end", json={"outcome": "exploded"}).status_code == 400
+    r = px.admin("POST", "/admin/rollouts", json={"rollout_id": "x" * 200})  # past the store's 128 characters
+    assert r.status_code == 400 and "at most 128" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == "invalid_record"
     r = httpx.post(px.url + "/admin/pause", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401
 
@@ -381,3 +384,48 @@ def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_pat
         serve.stop()
         with contextlib.suppress(Exception):  # closing flushes through the failed journal, which refuses
             harness.store.close()
+
+
+def test_an_engines_finish_reason_past_the_stores_column_is_kept_in_the_metadata(tmp_path, pg_database):
+    """A real HTTP server standing in for an engine with finish reasons of its own (longer than the store's 32
+    characters, which PostgreSQL enforces): the client gets the answer as sent, the call is stored with the reason
+    cut to fit and whole in its metadata."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    reason = "stopped_by_an_engine_specific_rule_number_7"
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                            "finish_reason": reason}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    import types
+
+    px, serve = make_proxy(types.SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}"), tmp_path,
+                           store_url=pg_database)
+    try:
+        client = px.client(px.register("r1"))
+        for _ in range(2):
+            r = client.chat.completions.create(model="m", messages=USER)
+            assert r.choices[0].finish_reason == reason and r.choices[0].message.content == "ok"
+        calls = px.calls("r1")
+        assert len(calls) == 2 and px.store.writer_status()["dead_letters"] == 0
+        assert calls[0].finish_reason == reason[:32] and calls[0].metadata["finish_reason"] == reason
+    finally:
+        serve.stop()
+        server.shutdown()
+        px.store.close()

@@ -323,7 +323,7 @@ def test_a_previous_answer_spelled_differently_in_the_next_prompt_is_stored_as_s
     assert isinstance(a.response_message["n"], int) and isinstance(b.messages[2]["n"], float)
 
 
-def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_url):
+def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_url, tmp_path):
     """PostgreSQL refuses U+0000 in jsonb and text (SQLite keeps it). A model's answer, a sampling parameter, tool
     call arguments, metadata, an error text and a model name with one in them: the call lands (not a dead letter),
     JSON comes back exactly, and the next call, whose prompt is a delta on it, is readable. Free text is the one
@@ -357,3 +357,41 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
 
     light = {c.id: c for c in light_calls(store.engine, ["r1"])["r1"]}
     assert light["c1"].response == odd.response and light["c2"].response == shaped.response
+
+    import json
+
+    import pyarrow.parquet as pq
+
+    from forge_store.snapshot import snapshot
+
+    snapshot(store.engine, tmp_path / "snap")  # what SQL over a snapshot reads: the values themselves, unwrapped
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "snap" / "calls.parquet").to_pylist()}
+    assert json.loads(rows["c1"]["response"]) == odd.response and json.loads(rows["c2"]["request_params"]) == {NUL_WRAP: "{}"}
+
+
+@pytest.mark.parametrize("field, value, rule", [
+    ("finish_reason", "f" * 33, "finish_reason 'fff.*is 33 characters; the store holds at most 32"),
+    ("rollout_id", "r" * 129, "rollout_id 'rrr.*' is 129 characters; the store holds at most 128"),
+    ("error_class", {"not": "text"}, r"error_class .* is not a string"),
+])
+def test_a_call_value_longer_than_its_column_is_refused_up_front_and_the_rollout_goes_on(store, field, value, rule):
+    """PostgreSQL refuses a value past its column's length (SQLite does not): refused by ``record_call`` at once on
+    both, rather than dead-lettered later where only PostgreSQL would notice. The refused call changes nothing."""
+    store.record_call(make_call("c0", "r1", 0))
+    bad = make_call("c1", "r1", 1)
+    setattr(bad, field, value)
+    with pytest.raises(InvalidRecord, match=rule):
+        store.record_call(bad)
+    store.record_call(make_call("c1", "r1", 1))
+    store.record_call(make_call("c2", "r1", 2))
+    assert store.flush(30)
+    assert [c.id for c in store.calls("r1")] == ["c0", "c1", "c2"]
+    assert store.calls("r1")[2].messages == make_call("x", "r1", 2).messages
+
+
+def test_other_rows_past_a_column_length_are_refused_up_front(store):
+    with pytest.raises(InvalidRecord, match="rollout id 'xxx.*is 200 characters; the store holds at most 128"):
+        store.start_rollout("x" * 200)
+    with pytest.raises(InvalidRecord, match="task id .* is 129 characters"):
+        store.register_task("t" * 129)
+    assert store.counts()["rollouts"] == store.counts()["tasks"] == 0
