@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import openai
@@ -390,10 +394,6 @@ def test_an_engines_finish_reason_past_the_stores_column_is_kept_in_the_metadata
     """A real HTTP server standing in for an engine with finish reasons of its own (longer than the store's 32
     characters, which PostgreSQL enforces): the client gets the answer as sent, the call is stored with the reason
     cut to fit and whole in its metadata."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     reason = "stopped_by_an_engine_specific_rule_number_7"
 
     class Engine(BaseHTTPRequestHandler):
@@ -413,8 +413,6 @@ def test_an_engines_finish_reason_past_the_stores_column_is_kept_in_the_metadata
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    import types
-
     px, serve = make_proxy(types.SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}"), tmp_path,
                            store_url=pg_database)
     try:
