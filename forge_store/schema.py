@@ -21,25 +21,34 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# PostgreSQL refuses U+0000 in jsonb (even escaped) and in text, where SQLite keeps it. Without the two
-# types below a model answer, a sampling parameter or an error text with one in it would be refused by the database:
-# the call dead-lettered, and every later call of its rollout, whose prompt is a delta on it, unreadable.
-NUL_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value holding U+0000 is stored as {NUL_WRAP: its JSON text}
+# PostgreSQL refuses U+0000 in jsonb (even escaped) and in text, and NaN and Infinity in jsonb, where SQLite keeps
+# them. Without the two types below a model answer, a sampling parameter, an error text or a metric in a metadata
+# dict holding one would be refused by the database later, in the writer: the call dead-lettered, and every later
+# call of its rollout, whose prompt is a delta on it, unreadable.
+NUL_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value jsonb cannot hold is stored as {NUL_WRAP: its JSON text}
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # "\u0000" after an even number of backslashes: a real U+0000
 
 
-def _json_text(value) -> bytes:
+def _jsonb_refuses(value) -> bool:
+    """True if jsonb cannot take ``value`` as it is: U+0000 in a string or key, or NaN / Infinity."""
+    text = None
     try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except TypeError:  # an int past 64 bits, say: the standard library writes what the database would get
-        return json.dumps(value).encode()
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an int past 64 bits, say
+        pass
+    if text is None or b"null" in text:  # orjson writes NaN and Infinity as null: tell them from real nulls
+        try:
+            text = json.dumps(value, allow_nan=False).encode()
+        except ValueError:
+            return True
+    return b"\\u0000" in text and _NUL_ESCAPE.search(text) is not None
 
 
 class StoredJSON(sa.TypeDecorator):
-    """JSON (jsonb on PostgreSQL). On PostgreSQL a value that holds U+0000 anywhere (a string, a key) is stored as
-    ``{NUL_WRAP: "<its JSON text>"}``, in which the character is an escaped backslash and jsonb takes it; reads
-    through the store unwrap it, so nothing is lost. A value that is itself such a one-key object is wrapped too,
-    so that unwrapping gives back exactly what was written. SQL readers see the wrapper on those (rare) rows."""
+    """JSON (jsonb on PostgreSQL). On PostgreSQL a value jsonb cannot hold (U+0000 anywhere, NaN, Infinity) is
+    stored as ``{NUL_WRAP: "<its JSON text>"}``, a string jsonb takes; reads through the store (and snapshots)
+    unwrap it, so nothing is lost. A value that is itself such a one-key object is wrapped too, so that unwrapping
+    gives back exactly what was written. SQL over the live database sees the wrapper on those (rare) rows."""
 
     impl = sa.JSON
     cache_ok = True
@@ -50,11 +59,8 @@ class StoredJSON(sa.TypeDecorator):
     def process_bind_param(self, value, dialect):
         if value is None or dialect.name != "postgresql":
             return value
-        if isinstance(value, dict) and len(value) == 1 and NUL_WRAP in value:
-            return {NUL_WRAP: _json_text(value).decode()}
-        text = _json_text(value)
-        if b"\\u0000" in text and _NUL_ESCAPE.search(text):
-            return {NUL_WRAP: text.decode()}
+        if (isinstance(value, dict) and len(value) == 1 and NUL_WRAP in value) or _jsonb_refuses(value):
+            return {NUL_WRAP: json.dumps(value)}
         return value
 
     def process_result_value(self, value, dialect):

@@ -41,8 +41,17 @@ def _arrow_type(col: sa.Column) -> pa.DataType:
 
 def _converter(col: sa.Column) -> Callable:
     if isinstance(col.type, (sa.JSON, schema.StoredJSON)):
-        return lambda v: None if v is None else canonical_json(v).decode()
+        return _json_text
     return lambda v: v
+
+
+def _json_text(value) -> str | None:
+    if value is None:
+        return None
+    try:
+        return canonical_json(value).decode()
+    except ValueError:  # NaN or Infinity, which a metadata dict may hold: as stored (DuckDB's JSON reads them)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def snapshot(engine: sa.Engine, out_dir: str | os.PathLike, *, as_of: int | None = None,

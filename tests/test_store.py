@@ -395,3 +395,32 @@ def test_other_rows_past_a_column_length_are_refused_up_front(store):
     with pytest.raises(InvalidRecord, match="task id .* is 129 characters"):
         store.register_task("t" * 129)
     assert store.counts()["rollouts"] == store.counts()["tasks"] == 0
+
+
+def test_nan_and_infinity_in_json_fields_are_stored_and_snapshotted(store, tmp_path):
+    """JSON has no NaN or Infinity, Python's json writes them, SQLite keeps them and PostgreSQL's jsonb refuses them:
+    a metric in a call's or a rollout's metadata holding one lands on both (not a dead letter), reads back, and a
+    snapshot holds it as written."""
+    import json
+    import math
+
+    import pyarrow.parquet as pq
+
+    from forge_store.snapshot import snapshot
+
+    store.start_rollout("r1", metadata={"wall_s": float("inf")})
+    for turn in range(3):
+        call = make_call(f"c{turn}", "r1", turn)
+        if turn == 1:
+            call.metadata = {"score": float("nan"), "bound": float("-inf")}
+        store.record_call(call)
+    assert store.flush(30)
+    calls = store.calls("r1")
+    assert [c.id for c in calls] == ["c0", "c1", "c2"] and calls[2].messages == make_call("x", "r1", 2).messages
+    assert math.isnan(calls[1].metadata["score"]) and calls[1].metadata["bound"] == float("-inf")
+    assert store.rollout("r1").metadata == {"wall_s": float("inf")}
+    snapshot(store.engine, tmp_path / "snap")
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "snap" / "calls.parquet").to_pylist()}
+    assert rows["c1"]["metadata"] == '{"bound":-Infinity,"score":NaN}'
+    assert json.loads(pq.read_table(tmp_path / "snap" / "rollouts.parquet").to_pylist()[0]["metadata"]) == {
+        "wall_s": float("inf")}
