@@ -353,6 +353,12 @@ class Export(Base):
     ingest_seq: Mapped[int] = _seq()
 
 
+def int_limits(table: sa.Table) -> dict[str, int]:
+    """Column name -> ``b`` such that PostgreSQL's type holds ``-b <= value < b`` (SQLite holds any 64-bit value)."""
+    return {c.name: 2**63 if isinstance(c.type, sa.BigInteger) else 2**31
+            for c in table.columns if isinstance(c.type, sa.Integer)}
+
+
 def string_limits(table: sa.Table) -> dict[str, int]:
     """Column name -> the most characters its ``String(n)`` holds: PostgreSQL refuses more (SQLite does not), so the
     store checks before it journals, where the writer can still be told."""

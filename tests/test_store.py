@@ -373,6 +373,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     ("finish_reason", "f" * 33, "finish_reason 'fff.*is 33 characters; the store holds at most 32"),
     ("rollout_id", "r" * 129, "rollout_id 'rrr.*' is 129 characters; the store holds at most 128"),
     ("error_class", {"not": "text"}, r"error_class .* is not a string"),
+    ("seq", 2**63, r"seq 9223372036854775808 is outside the store's range for it"),
 ])
 def test_a_call_value_longer_than_its_column_is_refused_up_front_and_the_rollout_goes_on(store, field, value, rule):
     """PostgreSQL refuses a value past its column's length (SQLite does not): refused by ``record_call`` at once on
@@ -394,6 +395,9 @@ def test_other_rows_past_a_column_length_are_refused_up_front(store):
         store.start_rollout("x" * 200)
     with pytest.raises(InvalidRecord, match="task id .* is 129 characters"):
         store.register_task("t" * 129)
+    with pytest.raises(InvalidRecord, match=r"rollout attempt 4294967296 is outside the store's range for it "
+                                            r"\(-2147483648 to 2147483647\)"):
+        store.start_rollout("r1", attempt=2**32)
     assert store.counts()["rollouts"] == store.counts()["tasks"] == 0
 
 
