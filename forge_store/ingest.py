@@ -163,7 +163,7 @@ class CallEncoder:
                 raise InvalidRecord(f"call {str(rec.id)[:64]}: {name} {shown!r} {what}")
         for name, bound in _CALL_INTS:
             value = getattr(rec, name)
-            if value is not None and not -bound <= value < bound:
+            if isinstance(value, int) and not -bound <= value < bound:
                 raise InvalidRecord(f"call {str(rec.id)[:64]}: {name} {value} is outside the store's range for it "
                                     f"({-bound} to {bound - 1})")
         if prompt is None or prompt.messages is not rec.messages or prompt.tools is not rec.tools:
