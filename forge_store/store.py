@@ -39,7 +39,7 @@ from .records import (
     Trajectory,
 )
 from .settings import Settings, get_settings
-from .writer import ProcessWriter, Writer
+from .writer import ProcessWriter, Writer, encode
 
 log = logging.getLogger("forge_store")
 
@@ -83,6 +83,7 @@ class Store:
         if op["k"] != "call":  # a call's were checked by the encoder, before it changed its state
             check_lengths(op)
         if self._writer is None:
+            encode(op)  # what a journal could not hold is refused here too (InvalidRecord), whatever the database says
             with self.engine.begin() as conn:
                 apply_ops(conn, [op])
         else:

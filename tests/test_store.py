@@ -428,3 +428,18 @@ def test_nan_and_infinity_in_json_fields_are_stored_and_snapshotted(store, tmp_p
     assert rows["c1"]["metadata"] == '{"bound":-Infinity,"score":NaN}'
     assert json.loads(pq.read_table(tmp_path / "snap" / "rollouts.parquet").to_pylist()[0]["metadata"]) == {
         "wall_s": float("inf")}
+
+
+def test_text_that_is_not_unicode_is_refused_with_the_rule_and_the_rollout_goes_on(store):
+    """A lone surrogate: Python strings hold it, UTF-8 (the journal, both databases) cannot. Refused by
+    ``record_call`` as an InvalidRecord naming it, journal or not; the rollout's next calls land."""
+    store.record_call(make_call("c0", "r1", 0))
+    bad = make_call("c1", "r1", 1)
+    bad.response = {"text": "half a pair: \ud800 here"}
+    with pytest.raises(InvalidRecord, match=r"call record holds text that is not valid Unicode \('\\ud800' in "):
+        store.record_call(bad)
+    store.record_call(make_call("c1", "r1", 1))
+    store.record_call(make_call("c2", "r1", 2))
+    assert store.flush(30)
+    assert [c.id for c in store.calls("r1")] == ["c0", "c1", "c2"]
+    assert store.calls("r1")[2].messages == make_call("x", "r1", 2).messages
