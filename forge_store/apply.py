@@ -40,26 +40,15 @@ _tool_schemas = schema.ToolSchema.__table__
 _rollouts = schema.Rollout.__table__
 
 FINISH_FIELDS = ("outcome", "outcome_detail", "ended_at", "image_digest", "pod_name", "node_name")
-_LIMITS = {kind: (tuple(schema.string_limits(table).items()), tuple(schema.int_limits(table).items()))
-           for kind, table in {**TABLES, "rollout_finish": _rollouts}.items()}
+_LIMITS = {kind: schema.Limits(table) for kind, table in {**TABLES, "rollout_finish": _rollouts}.items()}
 
 
 def check_lengths(op: dict) -> None:
-    """InvalidRecord for a text longer than its column holds, or an integer past its column's range (see
-    ``schema.string_limits``, ``schema.int_limits``): said to the writer now, rather than refused by PostgreSQL
-    later, in the background, where the row could only be dead-lettered."""
-    row = op.get("r") or {}
-    strings, ints = _LIMITS.get(op["k"], ((), ()))
-    noun = "rollout" if op["k"] in ("rollout_start", "rollout_finish") else op["k"].replace("_", " ")
-    for name, most in strings:
-        value = row.get(name)
-        if isinstance(value, str) and len(value) > most:
-            raise InvalidRecord(f"{noun} {name} {value[:48]!r}{'...' if len(value) > 48 else ''} is {len(value)} "
-                                f"characters; the store holds at most {most} there: use a shorter {name}")
-    for name, bound in ints:
-        value = row.get(name)
-        if isinstance(value, int) and not -bound <= value < bound:
-            raise InvalidRecord(f"{noun} {name} {value} is outside the store's range for it ({-bound} to {bound - 1})")
+    """InvalidRecord for a value its column cannot hold on PostgreSQL (see ``schema.Limits``)."""
+    limits = _LIMITS.get(op["k"])
+    if limits is not None:
+        noun = "rollout" if op["k"] in ("rollout_start", "rollout_finish") else op["k"].replace("_", " ")
+        limits.check(noun, (op.get("r") or {}).get)
 
 
 def insert_ignore(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:

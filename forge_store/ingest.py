@@ -17,14 +17,12 @@ import orjson
 from .errors import InvalidRecord
 from .hashing import canonical_json, json_sha256, sha256_hex
 from .records import API_SURFACES, CallRecord
-from .schema import Call, int_limits, string_limits
+from .schema import Call, Limits
 from .tokens import IdsText, common_prefix_items, common_prefix_text, ids_to_bytes, pack_ids
 
-# The call's String(n) and integer fields its writer sets (the rest are hashes, ids and counts the store makes)
-_CALL_LIMITS = tuple((name, most) for name, most in string_limits(Call.__table__).items()
-                     if name in ("id", "rollout_id", "request_hash", "finish_reason", "error_class", "retry_of",
-                                 "policy_version_id"))
-_CALL_INTS = tuple((name, bound) for name, bound in int_limits(Call.__table__).items() if name in ("seq", "upstream_status"))
+# The call's fields its writer sets that a column bounds (the rest are hashes, ids and counts the store makes)
+_CALL_LIMITS = Limits(Call.__table__, ("id", "rollout_id", "request_hash", "finish_reason", "error_class", "retry_of",
+                                       "policy_version_id", "seq", "upstream_status"))
 
 
 @dataclass(slots=True)
@@ -154,18 +152,7 @@ class CallEncoder:
             raise InvalidRecord(f"api_surface {rec.api_surface!r} unknown: use one of {', '.join(API_SURFACES)}")
         if rec.started_at.tzinfo is None:
             raise InvalidRecord(f"call {rec.id}: started_at {rec.started_at!r} is naive; pass an aware UTC datetime")
-        for name, most in _CALL_LIMITS:  # what the caller gives that PostgreSQL would refuse later (see check_lengths)
-            value = getattr(rec, name)
-            if value is not None and (not isinstance(value, str) or len(value) > most):
-                what = (f"is {len(value)} characters; the store holds at most {most} there: use a shorter {name}"
-                        if isinstance(value, str) else "is not a string")
-                shown = str(value)[:48] + ("..." if len(str(value)) > 48 else "")
-                raise InvalidRecord(f"call {str(rec.id)[:64]}: {name} {shown!r} {what}")
-        for name, bound in _CALL_INTS:
-            value = getattr(rec, name)
-            if isinstance(value, int) and not -bound <= value < bound:
-                raise InvalidRecord(f"call {str(rec.id)[:64]}: {name} {value} is outside the store's range for it "
-                                    f"({-bound} to {bound - 1})")
+        _CALL_LIMITS.check(f"call {str(rec.id)[:64]}:", rec.__getattribute__)  # before any state changes
         if prompt is None or prompt.messages is not rec.messages or prompt.tools is not rec.tools:
             prompt = self.encode_prompt(rec)
         hashes, tools_hash = prompt.hashes, prompt.tools_hash

@@ -21,6 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .errors import InvalidRecord
+
 # PostgreSQL refuses U+0000 in jsonb (even escaped) and in text, and NaN and Infinity in jsonb, where SQLite keeps
 # them. Without the two types below a model answer, a sampling parameter, an error text or a metric in a metadata
 # dict holding one would be refused by the database later, in the writer: the call dead-lettered, and every later
@@ -353,13 +355,35 @@ class Export(Base):
     ingest_seq: Mapped[int] = _seq()
 
 
+def string_limits(table: sa.Table) -> dict[str, int]:
+    """Column name -> the most characters its ``String(n)`` holds (PostgreSQL refuses more, SQLite does not)."""
+    return {c.name: c.type.length for c in table.columns if isinstance(c.type, sa.String) and c.type.length}
+
+
 def int_limits(table: sa.Table) -> dict[str, int]:
     """Column name -> ``b`` such that PostgreSQL's type holds ``-b <= value < b`` (SQLite holds any 64-bit value)."""
     return {c.name: 2**63 if isinstance(c.type, sa.BigInteger) else 2**31
             for c in table.columns if isinstance(c.type, sa.Integer)}
 
 
-def string_limits(table: sa.Table) -> dict[str, int]:
-    """Column name -> the most characters its ``String(n)`` holds: PostgreSQL refuses more (SQLite does not), so the
-    store checks before it journals, where the writer can still be told."""
-    return {c.name: c.type.length for c in table.columns if isinstance(c.type, sa.String) and c.type.length}
+class Limits:
+    """What ``table``'s columns (``names`` of them, or all) hold on PostgreSQL, checked before a row is journaled:
+    past them PostgreSQL would refuse the row later, in the writer, where it could only be dead-lettered."""
+
+    def __init__(self, table: sa.Table, names: tuple[str, ...] | None = None):
+        self.strings = tuple((n, most) for n, most in string_limits(table).items() if names is None or n in names)
+        self.ints = tuple((n, bound) for n, bound in int_limits(table).items() if names is None or n in names)
+
+    def check(self, what: str, get) -> None:
+        """InvalidRecord naming the value, the limit and the fix; ``get(name)``: the row's value (None: unset)."""
+        for name, most in self.strings:
+            value = get(name)
+            if value is not None and (not isinstance(value, str) or len(value) > most):
+                shown = str(value)[:48] + ("..." if len(str(value)) > 48 else "")
+                rule = (f"is {len(value)} characters; the store holds at most {most} there: use a shorter {name}"
+                        if isinstance(value, str) else "is not a string")
+                raise InvalidRecord(f"{what} {name} {shown!r} {rule}")
+        for name, bound in self.ints:
+            value = get(name)
+            if isinstance(value, int) and not -bound <= value < bound:
+                raise InvalidRecord(f"{what} {name} {value} is outside the store's range for it ({-bound} to {bound - 1})")
