@@ -27,7 +27,7 @@ from .errors import InvalidRecord
 # them. Without the two types below a model answer, a sampling parameter, an error text or a metric in a metadata
 # dict holding one would be refused by the database later, in the writer: the call dead-lettered, and every later
 # call of its rollout, whose prompt is a delta on it, unreadable.
-NUL_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value jsonb cannot hold is stored as {NUL_WRAP: its JSON text}
+JSON_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value jsonb cannot hold is stored as {JSON_WRAP: its JSON text}
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # "\u0000" after an even number of backslashes: a real U+0000
 
 
@@ -48,7 +48,7 @@ def _jsonb_refuses(value) -> bool:
 
 class StoredJSON(sa.TypeDecorator):
     """JSON (jsonb on PostgreSQL). On PostgreSQL a value jsonb cannot hold (U+0000 anywhere, NaN, Infinity) is
-    stored as ``{NUL_WRAP: "<its JSON text>"}``, a string jsonb takes; reads through the store (and snapshots)
+    stored as ``{JSON_WRAP: "<its JSON text>"}``, a string jsonb takes; reads through the store (and snapshots)
     unwrap it, so nothing is lost. A value that is itself such a one-key object is wrapped too, so that unwrapping
     gives back exactly what was written. SQL over the live database sees the wrapper on those (rare) rows."""
 
@@ -61,14 +61,14 @@ class StoredJSON(sa.TypeDecorator):
     def process_bind_param(self, value, dialect):
         if value is None or dialect.name != "postgresql":
             return value
-        if (isinstance(value, dict) and len(value) == 1 and NUL_WRAP in value) or _jsonb_refuses(value):
-            return {NUL_WRAP: json.dumps(value)}
+        if (isinstance(value, dict) and len(value) == 1 and JSON_WRAP in value) or _jsonb_refuses(value):
+            return {JSON_WRAP: json.dumps(value)}
         return value
 
     def process_result_value(self, value, dialect):
         if (dialect.name == "postgresql" and isinstance(value, dict) and len(value) == 1
-                and isinstance(value.get(NUL_WRAP), str)):
-            return json.loads(value[NUL_WRAP])
+                and isinstance(value.get(JSON_WRAP), str)):
+            return json.loads(value[JSON_WRAP])
         return value
 
 
@@ -125,7 +125,7 @@ def _seq() -> Mapped[int]:
 class StoreMeta(Base):
     __tablename__ = "store_meta"
     key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(StoredText, nullable=False)
+    value: Mapped[str] = mapped_column(sa.Text, nullable=False)
 
 
 class IngestCounter(Base):
@@ -230,7 +230,7 @@ class Message(Base):
     __tablename__ = "messages"
     sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     role: Mapped[str | None] = mapped_column(sa.String(32))
-    body: Mapped[str] = mapped_column(StoredText, nullable=False)
+    body: Mapped[str] = mapped_column(sa.Text, nullable=False)  # canonical JSON: U+0000 is escaped there
     size: Mapped[int] = mapped_column(sa.Integer, nullable=False)
     ingest_seq: Mapped[int] = _seq()
 
@@ -240,7 +240,7 @@ class ToolSchema(Base):
 
     __tablename__ = "tool_schemas"
     sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
-    body: Mapped[str] = mapped_column(StoredText, nullable=False)
+    body: Mapped[str] = mapped_column(sa.Text, nullable=False)  # canonical JSON: U+0000 is escaped there
     ingest_seq: Mapped[int] = _seq()
 
 

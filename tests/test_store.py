@@ -329,17 +329,17 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     JSON comes back exactly, and the next call, whose prompt is a delta on it, is readable. Free text is the one
     change on PostgreSQL: U+0000 becomes U+FFFD there. A JSON value shaped like the store's own wrapper (and a
     text with a backslash-u0000 that is not U+0000) come back as written."""
-    from forge_store.schema import NUL_WRAP
+    from forge_store.schema import JSON_WRAP
 
     pg = store_url.startswith("postgresql")
     answer = {"role": "assistant", "content": "bytes: \x00\x01",
               "tool_calls": [{"id": "t", "type": "function", "function": {"name": "w", "arguments": '{"b": "\\u0000"}'}}]}
     odd = make_call("c1", "r1", 1, model="m\x00x", error_class="upstream_http_500", error_detail="body \x00 here",
-                    metadata={"user_agent": "ua", "note": {NUL_WRAP: "not the store's"}, "k\x00": "v"})
+                    metadata={"user_agent": "ua", "note": {JSON_WRAP: "not the store's"}, "k\x00": "v"})
     odd.params = {"model": "m", "stop": ["\x00"], "logit_bias": {"\x00": 1}}
     odd.response, odd.response_message = {"text": answer["content"], "tool_calls": answer["tool_calls"]}, answer
     shaped = make_call("c2", "r1", 2)
-    shaped.params, shaped.response = {NUL_WRAP: "{}"}, {"text": "a literal \\u0000, no NUL"}
+    shaped.params, shaped.response = {JSON_WRAP: "{}"}, {"text": "a literal \\u0000, no NUL"}
     for call in (make_call("c0", "r1", 0), odd, shaped, make_call("c3", "r1", 3)):
         store.record_call(call)
     assert store.flush(30)
@@ -350,7 +350,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     assert got.response == odd.response and got.response_message == answer
     assert got.params == odd.params and got.metadata == odd.metadata
     assert (got.model, got.error_detail) == (("m\ufffdx", "body \ufffd here") if pg else ("m\x00x", "body \x00 here"))
-    assert calls["c2"].params == {NUL_WRAP: "{}"} and calls["c2"].response == shaped.response
+    assert calls["c2"].params == {JSON_WRAP: "{}"} and calls["c2"].response == shaped.response
     assert calls["c3"].messages == make_call("x", "r1", 3).messages  # its prompt is a delta on c2, on c1
 
     from learner.analysis_reads import light_calls
@@ -366,7 +366,8 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
 
     snapshot(store.engine, tmp_path / "snap")  # what SQL over a snapshot reads: the values themselves, unwrapped
     rows = {r["id"]: r for r in pq.read_table(tmp_path / "snap" / "calls.parquet").to_pylist()}
-    assert json.loads(rows["c1"]["response"]) == odd.response and json.loads(rows["c2"]["request_params"]) == {NUL_WRAP: "{}"}
+    assert json.loads(rows["c1"]["response"]) == odd.response
+    assert json.loads(rows["c2"]["request_params"]) == {JSON_WRAP: "{}"}
 
 
 @pytest.mark.parametrize("field, value, rule", [
