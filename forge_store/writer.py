@@ -40,19 +40,16 @@ TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.Disconnectio
 
 
 def encode(op: dict) -> bytes:
+    """The journal's bytes for ``op``; InvalidRecord for what neither the journal nor a database can hold."""
     try:
         return msgpack.packb(op, datetime=True, use_bin_type=True)
-    except UnicodeEncodeError as exc:
-        raise not_unicode(op, exc) from None
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\\ud800"): a Python string may hold one, UTF-8 cannot
+        bad, around = exc.object[exc.start:exc.end], exc.object[max(0, exc.start - 20):exc.start + 20]
+        raise InvalidRecord(f"{op.get('k')} record holds text that is not valid Unicode ({bad!r} in {around!r}); "
+                            "replace it, e.g. with text.encode('utf-8', 'replace').decode()") from None
     except TypeError as exc:  # a value JSON and the journal have no form for (a set, an object)
-        raise InvalidRecord(f"{op.get('k')} record holds a value the store cannot keep ({exc}); use JSON types") from None
-
-
-def not_unicode(op: dict, exc: UnicodeEncodeError) -> InvalidRecord:
-    """A lone surrogate ("\\ud800"), which a Python string may hold and UTF-8 (so the store) cannot."""
-    bad, around = exc.object[exc.start:exc.end], exc.object[max(0, exc.start - 20):exc.start + 20]
-    return InvalidRecord(f"{op.get('k')} record holds text that is not valid Unicode ({bad!r} in {around!r}); "
-                         "replace it, e.g. with text.encode('utf-8', 'replace').decode()")
+        raise InvalidRecord(f"{op.get('k')} record holds a value the store cannot keep ({exc}); "
+                            "use JSON types") from None
 
 
 def decode(payload: bytes) -> dict:
