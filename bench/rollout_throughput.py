@@ -31,13 +31,14 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
 from forge_store import Settings, open_store  # noqa: E402
+from openforge.embedded_proxy import EmbeddedProxy
 from proxy.testing import ScriptedUpstream, UpstreamServer  # noqa: E402
 from proxy.testing.tokenizer import load_smollm2_tokenizer  # noqa: E402
-from rollout.backends.local import LocalBackend  # noqa: E402
-from rollout.harnesses import get_harness  # noqa: E402
-from rollout.orchestrator import Orchestrator, RunConfig  # noqa: E402
-from rollout.proxy_link import AdminClient, EmbeddedProxy  # noqa: E402
-from rollout.task import load_task  # noqa: E402
+from rollout import AdminClient  # noqa: E402
+from rollout._backends.local import LocalBackend  # noqa: E402
+from rollout._harnesses import get_harness  # noqa: E402
+from rollout._orchestrator import Orchestrator, RunConfig  # noqa: E402
+from rollout._task import load_task  # noqa: E402
 
 TEST_SH = 'mkdir -p "$OPENFORGE_REWARD_DIR"; echo 1 > "$OPENFORGE_REWARD_DIR/reward.txt"\n'
 

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from rich.progress import Progress
 
 from forge_store import CallRecord, Settings, canonical_json, open_store
-from forge_store.images import extract_images
+from forge_store._images import extract_images
 
 
 def rollout_calls(rid: str, turns: int, seed: int):

@@ -15,7 +15,7 @@ concurrency. Variants: httpx-default (AsyncClient(): 20 keep-alive connections),
 its json cells repeat httpx-sized's: a noise floor), httpx2-sized (pydantic's httpx fork, used by newer
 openai/anthropic SDKs, if installed), aiohttp (TCPConnector(limit=c), `async for line in resp.content`),
 aiohttp-nodecomp (auto_decompress=False), httpcore (AsyncConnectionPool, sized), openforge (the proxy's own client,
-``proxy.upstream.Upstream``: asyncio protocols and httptools, SSE events in batches). Modes: json (read the
+``proxy._upstream.Upstream``: asyncio protocols and httptools, SSE events in batches). Modes: json (read the
 whole body, orjson.loads) and stream (stream: true, count `data:` lines as they arrive). Concurrency
 1, 16, 64 (asyncio tasks in this process, uvloop if installed); each cell warms the pool, then runs
 `--seconds` of closed-loop load, and reports p50/p99 latency, requests/s and client CPU ms/request
@@ -100,8 +100,8 @@ class Client:
             self.c = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=conc), timeout=aiohttp.ClientTimeout(total=timeout),
                 auto_decompress=variant != "aiohttp-nodecomp")
-        elif variant == "openforge":  # the proxy's own client (proxy.upstream: asyncio protocols + httptools)
-            from proxy.upstream import Upstream
+        elif variant == "openforge":  # the proxy's own client (proxy._upstream: asyncio protocols + httptools)
+            from proxy._upstream import Upstream
 
             self.c = Upstream(base, read_timeout_s=timeout, pool=conc)
         elif variant == "httpcore":

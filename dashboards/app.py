@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboards.context import Context, open_or_explain, sidebar_window, store_url
-from dashboards.views import behaviour, exports, overview, trajectories
+from dashboards._context import Context, open_or_explain, sidebar_window, store_url
+from dashboards._views import behaviour, exports, overview, trajectories
 
 PAGES = {"Overview": overview, "Trajectories": trajectories, "Behaviour": behaviour, "Exports": exports}
 

@@ -1,7 +1,7 @@
 """The lineage store: every part of OpenForge writes to it or reads from it through ``Store``."""
 
-from .blobs import BlobStore, LocalBlobStore
-from .errors import (
+from ._blobs import BlobStore, LocalBlobStore
+from ._errors import (
     BlobCorrupt,
     BlobNotFound,
     InvalidRecord,
@@ -11,9 +11,8 @@ from .errors import (
     StoreUnavailable,
     StoreURLError,
 )
-from .hashing import canonical_json, json_sha256, sha256_hex
-from .journal import JournalCorrupt, JournalError, JournalLocked
-from .records import (
+from ._hashing import canonical_json, json_sha256, sha256_hex
+from ._records import (
     API_SURFACES,
     EXCLUSION_REASONS,
     OUTCOMES,
@@ -26,10 +25,22 @@ from .records import (
     StoredCall,
     Trajectory,
 )
-from .settings import Settings, get_settings
-from .store import Store, open_store
+from ._settings import Settings, get_settings
+from ._store import Store, open_store
+from ._write.journal import JournalCorrupt, JournalError, JournalLocked
+
+
+def __getattr__(name: str):
+    # DuckDB loads on first use: most clients of the store never touch it.
+    if name in ("connect_duckdb", "ANALYSIS_VIEWS"):
+        from . import _duckdb_views
+
+        return _duckdb_views.connect if name == "connect_duckdb" else _duckdb_views.ANALYSIS_VIEWS
+    raise AttributeError(f"module 'forge_store' has no attribute {name!r}")
+
 
 __all__ = [
+    "ANALYSIS_VIEWS",
     "API_SURFACES",
     "EXCLUSION_REASONS",
     "OUTCOMES",
@@ -57,6 +68,7 @@ __all__ = [
     "StoredCall",
     "Trajectory",
     "canonical_json",
+    "connect_duckdb",
     "get_settings",
     "json_sha256",
     "open_store",

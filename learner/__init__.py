@@ -1,12 +1,21 @@
-"""The learner: token-exact reconstruction, GRPO groups and advantages, reproducible training exports."""
+"""The learner: token-exact reconstruction, GRPO groups and advantages, reproducible training exports,
+behaviour analysis and the CPU train step.
 
-from .export import ExportError, export, verify
-from .formats import EXPORTERS, Exporter, get_exporter
-from .grpo import GrpoConfig, group_advantages, grpo_advantages
-from .plan import ExportConfig
-from .query import QueryError, parse_where
-from .reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
+Everything another part (or the ``openforge`` roof) may use is here; the modules behind it are private.
+"""
 
-__all__ = ["EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig", "QueryError", "Reconstruction",
-           "Segment", "export", "get_exporter", "group_advantages", "grpo_advantages", "parse_where", "reconstruct",
-           "reconstruct_rollout", "verify"]
+from ._analysis import SLICES, AnalysisError, analyze
+from ._analysis_config import RubricConfig, RubricConfigError
+from ._export import ExportError, export, verify
+from ._formats import EXPORTERS, Exporter, get_exporter
+from ._grpo import GrpoConfig, group_advantages, grpo_advantages
+from ._plan import ExportConfig
+from ._query import QueryError, parse_where
+from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
+from ._report import print_table
+from ._train import TrainError, TrainResult, train
+
+__all__ = ["EXPORTERS", "SLICES", "AnalysisError", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
+           "QueryError", "Reconstruction", "RubricConfig", "RubricConfigError", "Segment", "TrainError", "TrainResult",
+           "analyze", "export", "get_exporter", "group_advantages", "grpo_advantages", "parse_where", "print_table",
+           "reconstruct", "reconstruct_rollout", "train", "verify"]

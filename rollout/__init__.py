@@ -1,9 +1,27 @@
-"""The rollout orchestrator: task folders, harness adapters, sandbox backends, verifiers, GRPO groups."""
+"""The rollout orchestrator: task folders, harness adapters, sandbox backends, verifiers, GRPO groups.
 
-from .backends import SandboxBackend, SandboxError, backend_names, get_backend
-from .harnesses import HarnessAdapter, get_harness, harness_names
-from .orchestrator import Orchestrator, RunConfig, RunSummary
-from .task import Task, TaskError, load_task, load_tasks
+Everything another part (or the ``openforge`` roof) may use is here; the modules behind it are private.
+"""
 
-__all__ = ["HarnessAdapter", "Orchestrator", "RunConfig", "RunSummary", "SandboxBackend", "SandboxError", "Task",
-           "TaskError", "backend_names", "get_backend", "get_harness", "harness_names", "load_task", "load_tasks"]
+from ._backends import (
+    Mount,
+    Phase,
+    PhaseResult,
+    Resources,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    backend_names,
+    get_backend,
+)
+from ._backends.kubernetes import KubernetesConfig
+from ._harnesses import HarnessAdapter, HarnessNotInstalled, get_harness, harness_names
+from ._orchestrator import Orchestrator, RunConfig, RunSummary
+from ._proxy_admin import AdminClient, ProxyUnavailable, SocketRelay, served_models
+from ._task import Task, TaskError, load_task, load_tasks
+
+__all__ = ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
+           "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
+           "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "backend_names",
+           "get_backend", "get_harness", "harness_names", "load_task", "load_tasks", "served_models"]

@@ -15,14 +15,14 @@ import uvicorn
 
 from forge_store import Settings
 from proxy import Proxy, build_proxy
-from proxy.asgi import ProxyApp
-from proxy.front import FrontServer
+from proxy._asgi_app import ProxyApp
+from proxy._http_server import HttpServer
 from proxy.testing import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
 
 
 class ServeInThread:
     """Serve an app in a background thread on a free loopback port: a ``ProxyApp`` on the proxy's own HTTP server
-    (``proxy.front``, what ``openforge proxy`` runs), any other ASGI app, or a ProxyApp with ``server="uvicorn"``
+    (``proxy._http_server``, what ``openforge proxy`` runs), any other ASGI app, or a ProxyApp with ``server="uvicorn"``
     (the ASGI path other servers take), on uvicorn with lifespan on."""
 
     def __init__(self, app, port: int = 0, server: str = "front"):
@@ -36,7 +36,7 @@ class ServeInThread:
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         if self.kind == "front":
-            self.server = FrontServer(self.app, max_body=self.app.service.max_body, graceful_s=2)
+            self.server = HttpServer(self.app, max_body=self.app.service.max_body, graceful_s=2)
             self.server.start_in_thread([sock])
             return f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
@@ -70,7 +70,7 @@ class ProxyHarness:
     proxy: Proxy
     url: str
     up: Up
-    server: object = None  # what serves it (a FrontServer, or uvicorn's Server)
+    server: object = None  # what serves it (a HttpServer, or uvicorn's Server)
 
     @property
     def store(self):

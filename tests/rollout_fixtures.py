@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from forge_store import Settings, open_store
-from rollout.backends.base import PhaseResult
-from rollout.backends.local import LocalBackend
-from rollout.harnesses import get_harness
-from rollout.harnesses.base import HarnessExit, Launch, LaunchContext
-from rollout.orchestrator import Orchestrator, RunConfig
-from rollout.proxy_link import AdminClient, EmbeddedProxy
+from openforge.embedded_proxy import EmbeddedProxy
+from rollout import AdminClient
+from rollout._backends.base import PhaseResult
+from rollout._backends.local import LocalBackend
+from rollout._harnesses import get_harness
+from rollout._harnesses.base import HarnessExit, Launch, LaunchContext
+from rollout._orchestrator import Orchestrator, RunConfig
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "tasks"
 

@@ -8,9 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from dashboards.demo import seed_demo_store
 from forge_store import Settings, open_store
-from forge_store.cli import app
+from forge_store.testing import seed_demo_store
+from openforge.cli import build_app
+
+app = build_app()
 
 runner = CliRunner()
 

@@ -13,7 +13,9 @@ import click
 import pytest
 import typer.main
 
-from forge_store.cli import app
+from openforge.cli import build_app
+
+app = build_app()
 
 OPENFORGE = shutil.which("openforge", path=str(Path(sys.executable).parent)) or "openforge"
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from forge_store import BlobCorrupt, BlobNotFound, InvalidRecord, LocalBlobStore, canonical_json, json_sha256
-from forge_store.images import REF_PREFIX, extract_images, restore_images
-from forge_store.tokens import (
+from forge_store._images import REF_PREFIX, extract_images, restore_images
+from forge_store._tokens import (
     common_prefix_items,
     ids_to_bytes,
     pack_ids,
@@ -132,7 +132,7 @@ def test_common_prefix_agrees_with_a_plain_scan():
 def test_ids_text_prefix_agrees_with_the_ids():
     import random
 
-    from forge_store.tokens import IdsText, common_prefix_text
+    from forge_store._tokens import IdsText, common_prefix_text
 
     rng = random.Random(11)
     for _ in range(500):
@@ -151,7 +151,7 @@ def test_ids_text_prefix_agrees_with_the_ids():
 def test_ids_text_is_checked_in_full_when_packed(text, ok):
     """The proxy's loop takes digits and commas as ids (IdsText.parse); the writer checks what JSON would not
     allow there anyway (empty items, leading zeros) and the uint32 range."""
-    from forge_store.tokens import IdsText, compress_packed
+    from forge_store._tokens import IdsText, compress_packed
 
     assert IdsText.parse(text) is not None
     for other in (b'1,"2"', b"1,[2]", b"1, 2", b"-1,2", b"1.5", b"1e3", b"true", b"null", b",1", b"1,"):
@@ -166,7 +166,7 @@ def test_ids_text_is_checked_in_full_when_packed(text, ok):
 
 
 def test_ids_text_past_uint32_is_refused_when_packed():
-    from forge_store.tokens import compress_packed
+    from forge_store._tokens import compress_packed
 
     assert compress_packed(b"T1,2") == b"I" + ids_to_bytes([1, 2])
     with pytest.raises(InvalidRecord, match="0 <= id < 2"):
@@ -176,8 +176,8 @@ def test_ids_text_past_uint32_is_refused_when_packed():
 def test_answers_give_their_prompt_ids_as_text_only_where_it_is_safe():
     import orjson
 
-    from forge_store.tokens import IdsText
-    from proxy.record import loads_answer
+    from forge_store._tokens import IdsText
+    from proxy._record import loads_answer
 
     chat = {"id": "c", "choices": [{"index": 0, "message": {"content": 'say "prompt_token_ids":[1,2]'}}],
             "prompt_token_ids": [5, 60, 700]}

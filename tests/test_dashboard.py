@@ -8,10 +8,10 @@ import pytest
 import sqlalchemy as sa
 from streamlit.testing.v1 import AppTest
 
-from dashboards.demo import seed_demo_store
 from forge_store import Settings, open_store
-from forge_store import migrate
-from forge_store.engine import create_engine
+from forge_store import _migrate as migrate
+from forge_store._engine import create_engine
+from forge_store.testing import seed_demo_store
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
 

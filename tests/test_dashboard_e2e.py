@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.demo import seed_demo_store
 from forge_store import Settings, open_store
+from forge_store.testing import seed_demo_store
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.e2e
@@ -95,7 +95,7 @@ def dashboard(tmp_path):
     log = tmp_path / "dashboard.log"
     env = {**os.environ, "OPENFORGE_HOME": str(home)}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "from forge_store.cli import app; app()", "dashboard", "--store", url,
+        proc = subprocess.Popen([sys.executable, "-m", "openforge", "dashboard", "--store", url,
                                  "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proxy.testing.vllm_cpu import ENV_SPEC, MODEL_SPEC, READY
+from proxy.engines.vllm_cpu import ENV_SPEC, MODEL_SPEC, READY
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENFORGE = str(Path(sys.executable).parent / "openforge")

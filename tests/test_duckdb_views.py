@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.demo import Turn, agent_calls, seed_demo_store
 from forge_store import SchemaMismatch, StoreURLError, open_store
-from forge_store.duckdb_views import ANALYSIS_VIEWS, connect
-from forge_store.engine import create_engine
-from forge_store.snapshot import snapshot
+from forge_store._duckdb_views import ANALYSIS_VIEWS, connect
+from forge_store._engine import create_engine
+from forge_store._snapshot import snapshot
+from forge_store.testing import Turn, agent_calls, seed_demo_store
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import InvalidRecord, JournalCorrupt, open_store
-from forge_store.schema import Call
+from forge_store._schema import Call
 from tests.conftest import make_call
 from tests.netfault import TcpRelay
 
@@ -246,8 +246,8 @@ def test_a_killed_drain_process_is_restarted_and_loses_nothing(store_url, settin
 
 @pytest.mark.parametrize("drain", ["thread", "process"])
 def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_url, settings, drain):
-    from forge_store.schema import utcnow
-    from forge_store.writer import decode
+    from forge_store._schema import utcnow
+    from forge_store._write.writer import decode
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(10):
@@ -266,8 +266,8 @@ def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_
 def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(store_url, settings, drain):
     """The proxy journals an engine's prompt ids as text (IdsText) and only the writer checks them in full: an id
     no tokenizer has (past uint32) costs that call a dead letter, and the calls of other rollouts land."""
-    from forge_store.tokens import IdsText
-    from forge_store.writer import decode
+    from forge_store._tokens import IdsText
+    from forge_store._write.writer import decode
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(20):
@@ -285,8 +285,8 @@ def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(sto
 def test_completion_ids_that_cannot_be_stored_are_dead_lettered_and_the_rest_lands(store_url, settings, drain):
     """Completion ids and logprobs are journaled as lists and packed by the database side: an id outside uint32
     costs its call a dead letter there, and every other call lands (without a journal it is refused at once)."""
-    from forge_store.tokens import IdsText
-    from forge_store.writer import decode
+    from forge_store._tokens import IdsText
+    from forge_store._write.writer import decode
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(20):

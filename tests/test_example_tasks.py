@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.task import Task, load_task, load_tasks
+from rollout._task import Task, load_task, load_tasks
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "examples" / "tasks"
 TASK_DIRS = sorted(p for p in TASKS_DIR.iterdir() if (p / "task.toml").is_file()) if TASKS_DIR.is_dir() else []

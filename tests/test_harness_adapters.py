@@ -9,8 +9,8 @@ import os
 import pytest
 
 from proxy.testing.script import Text, ToolCall, ToolCalls
-from rollout.harnesses import get_harness
-from rollout.task import load_task
+from rollout._harnesses import get_harness
+from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES
 
 TASK = "files-config-to-json"

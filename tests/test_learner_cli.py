@@ -6,7 +6,7 @@ import typer
 from typer.testing import CliRunner
 
 from forge_store import open_store
-from learner.cli import export_app
+from learner._cli import export_app
 from tests.test_learner_export import _seed
 
 app = typer.Typer()

@@ -11,11 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import open_store
-from learner.export import export, verify
-from learner.grpo import GrpoConfig, group_advantages, policy_lag, policy_order
-from learner.plan import ExportConfig
-from learner.query import QueryError, parse_where
-from learner.reconstruct import reconstruct, reconstruct_rollout
+from learner._export import export, verify
+from learner._grpo import GrpoConfig, group_advantages, policy_lag, policy_order
+from learner._plan import ExportConfig
+from learner._query import QueryError, parse_where
+from learner._reconstruct import reconstruct, reconstruct_rollout
 from tests.conftest import make_call
 
 

@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from forge_store import SchemaMismatch, StoreUnavailable, StoreURLError, open_store
-from forge_store import migrate
-from forge_store.engine import create_engine
-from forge_store.schema import Base
+from forge_store import _migrate as migrate
+from forge_store._engine import create_engine
+from forge_store._schema import Base
 
 
 def test_upgrade_downgrade_upgrade(store_url):

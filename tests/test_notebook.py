@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from dashboards.demo import seed_demo_store
 from forge_store import Settings, open_store
+from forge_store.testing import seed_demo_store
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "examples" / "analysis.ipynb"

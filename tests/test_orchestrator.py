@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from forge_store import RolloutFilter
 from proxy.testing.script import Delay, Text, ToolCall, ToolCalls
-from rollout.task import load_task, load_tasks
+from rollout._task import load_task, load_tasks
 from tests.rollout_fixtures import ANSWER_TEST, EXAMPLES, CommandHarness, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,7 +249,7 @@ def test_a_harness_that_kills_a_task_service_fails_instead_of_getting_a_retry(fo
 def test_backpressure_reads_proxy_in_flight_and_the_upstream_queue(forge):
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from rollout.orchestrator import Backpressure
+    from rollout._orchestrator import Backpressure
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):

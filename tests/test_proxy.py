@@ -245,11 +245,11 @@ def test_health_and_metrics(px):
 def test_a_lone_call_yields_the_cpu_once_its_request_is_upstream_and_one_among_others_does_not(px, monkeypatch):
     """With no other call in flight the proxy yields right after writing the request upstream (so that an inference
     server on the same CPU starts on it before the proxy's own bookkeeping); with others in flight it does not."""
-    import proxy.service
+    import proxy._service
 
     registry = px.proxy.app.service.registry
     seen: list[int] = []  # calls in flight at each yield
-    monkeypatch.setattr(proxy.service, "_sched_yield", lambda: seen.append(registry.in_flight))
+    monkeypatch.setattr(proxy._service, "_sched_yield", lambda: seen.append(registry.in_flight))
     client = px.async_client(px.register("r1"))
 
     async def main():

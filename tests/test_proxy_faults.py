@@ -285,9 +285,9 @@ def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from tests.proxy_fixtures import ServeInThread
     from forge_store import Settings
     from proxy import build_proxy
+    from tests.proxy_fixtures import ServeInThread
 
     class Broken(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -327,7 +327,7 @@ def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
 
 
 def test_a_bug_in_the_proxy_is_a_500_in_the_apis_shape_and_the_next_call_works(px, monkeypatch, caplog):
-    from proxy import openai_chat
+    from proxy._protocols import openai_chat
 
     token = px.register("r1")
     real = openai_chat.prepare
@@ -348,9 +348,8 @@ def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_pat
     upstream works) or the call's own record; the journal then refuses until reopened, and says so."""
     import errno
 
-    from forge_store import journal as journal_module
-
-    from forge_store.writer import decode
+    from forge_store._write import journal as journal_module
+    from forge_store._write.writer import decode
 
     refused: list[str] = []  # the kind of each journal operation the disk refused
 

@@ -1,4 +1,4 @@
-"""The proxy's own HTTP server (``proxy.front``) on raw sockets: what HTTP/1.1 clients other than the SDKs do.
+"""The proxy's own HTTP server (``proxy._http_server``) on raw sockets: what HTTP/1.1 clients other than the SDKs do.
 
 The SDK-level tests (test_proxy*.py) run through this server already; these cover the wire: pipelining, limits,
 malformed requests, 100-continue, HTTP/1.0, websocket handshakes, a client that stops reading, and stopping with
@@ -115,7 +115,7 @@ def test_requests_answered_before_any_wait_and_calls_mixed_in_one_write_keep_the
 def test_a_coroutine_started_eagerly_runs_to_its_first_wait_at_once_and_then_as_a_task():
     import asyncio
 
-    from proxy.front import _start_eagerly
+    from proxy._http_server import _start_eagerly
 
     steps = []
 
@@ -349,7 +349,7 @@ def test_the_asgi_app_serves_calls_streams_limits_and_disconnects_on_uvicorn(px_
 def test_a_server_that_cannot_start_says_so_at_once(up, tmp_path):
     from forge_store import Settings
     from proxy import build_proxy
-    from proxy.front import FrontServer
+    from proxy._http_server import HttpServer
 
     proxy = build_proxy(up.url, settings=Settings(home=tmp_path / "home"),
                         store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}")
@@ -358,7 +358,7 @@ def test_a_server_that_cannot_start_says_so_at_once(up, tmp_path):
         sock.close()  # not a socket one can listen on
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="did not start: OSError") as info:  # the cause, not a timeout
-            FrontServer(proxy.app, max_body=1 << 20).start_in_thread([sock], timeout_s=10)
+            HttpServer(proxy.app, max_body=1 << 20).start_in_thread([sock], timeout_s=10)
         assert time.monotonic() - t0 < 5 and isinstance(info.value.__cause__, OSError)
     finally:
         proxy.store.close()
@@ -402,7 +402,7 @@ def test_the_cli_refuses_an_unknown_log_level_and_stops_cleanly_on_sigterm(up, t
 def test_call_ids_are_unique_hex_and_a_forked_child_draws_its_own():
     import os
 
-    from proxy.service import _call_ids
+    from proxy._service import _call_ids
 
     ids = [_call_ids.next() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from proxy.redaction import RULES, Redactor
+from proxy._redaction import RULES, Redactor
 
 SECRETS = [
     "sk-" + "A1b2C3d4E5f6G7h8I9j0K",

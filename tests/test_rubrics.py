@@ -8,13 +8,20 @@ from fractions import Fraction
 
 import pytest
 
-from dashboards.demo import T0, Turn, agent_calls
 from forge_store import open_store
-from learner.analysis import analyze, collect, summary_rows
-from learner.analysis_config import RubricConfig, RubricConfigError
-from learner.analysis_reads import light_calls
-from learner.rubrics import (pass_at_k, pass_at_k_exact, pass_hat_k_exact, percentile, rollout_rubrics,
-                             schema_problem, tool_steps)
+from forge_store.testing import T0, Turn, agent_calls
+from learner._analysis import analyze, collect, summary_rows
+from learner._analysis_config import RubricConfig, RubricConfigError
+from learner._analysis_reads import light_calls
+from learner._rubrics import (
+    pass_at_k,
+    pass_at_k_exact,
+    pass_hat_k_exact,
+    percentile,
+    rollout_rubrics,
+    schema_problem,
+    tool_steps,
+)
 
 TRACE = "Traceback (most recent call last):\n  File \"t.py\"\nAssertionError\nexit code 1"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.backends.base import Mount, Phase, SandboxError, SandboxSpec
-from rollout.backends.local import LocalBackend
+from rollout._backends.base import Mount, Phase, SandboxError, SandboxSpec
+from rollout._backends.local import LocalBackend
 
 PROBE = r"""
 import json, os, socket, urllib.request
@@ -131,7 +131,7 @@ def test_destroy_removes_everything_and_reap_finds_orphans(backend, shared_tmp):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     # An orchestrator that dies (SIGKILL) leaves its sandbox folder; the next one reaps it.
-    code = (f"import time; from rollout.backends.local import LocalBackend; from rollout.backends.base import SandboxSpec;"
+    code = (f"import time; from rollout._backends.local import LocalBackend; from rollout._backends.base import SandboxSpec;"
             f"b = LocalBackend({str(backend.root)!r});"
             f"b.create(SandboxSpec(rollout_id='orphan', run_id='r', group_id='g', task_id='t', workspace_seed=None,"
             f" environment_dir=None, phases=())); print('up', flush=True); time.sleep(60)")

@@ -8,7 +8,7 @@ import duckdb
 import pyarrow.parquet as pq
 
 from forge_store import open_store
-from forge_store.snapshot import snapshot
+from forge_store._snapshot import snapshot
 from tests.conftest import make_call
 
 

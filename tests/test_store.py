@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import InvalidRecord, NotFound, RolloutFilter, open_store
-from forge_store.schema import Call, Message
+from forge_store._schema import Call, Message
 from tests.conftest import make_call
 
 
@@ -240,7 +240,7 @@ def test_prompt_ids_as_text_store_the_same_ids_and_deltas_as_lists(store):
     """The proxy hands prompt ids over as the engine's JSON text (IdsText): same ids read back, same deltas."""
     import random
 
-    from forge_store.tokens import IdsText
+    from forge_store._tokens import IdsText
 
     rng = random.Random(3)
     prompt, expected = [], []
@@ -279,7 +279,7 @@ def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, setti
     side. Everything reads back as recorded, on both databases."""
     import asyncio
 
-    from forge_store import writer as writer_module
+    from forge_store._write import writer as writer_module
 
     ops = []
     real_encode = writer_module.encode
@@ -329,7 +329,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     JSON comes back exactly, and the next call, whose prompt is a delta on it, is readable. Free text is the one
     change on PostgreSQL: U+0000 becomes U+FFFD there. A JSON value shaped like the store's own wrapper (and a
     text with a backslash-u0000 that is not U+0000) come back as written."""
-    from forge_store.schema import JSON_WRAP
+    from forge_store._schema import JSON_WRAP
 
     pg = store_url.startswith("postgresql")
     answer = {"role": "assistant", "content": "bytes: \x00\x01",
@@ -353,7 +353,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     assert calls["c2"].params == {JSON_WRAP: "{}"} and calls["c2"].response == shaped.response
     assert calls["c3"].messages == make_call("x", "r1", 3).messages  # its prompt is a delta on c2, on c1
 
-    from learner.analysis_reads import light_calls
+    from learner._analysis_reads import light_calls
 
     light = {c.id: c for c in light_calls(store.engine, ["r1"])["r1"]}
     assert light["c1"].response == odd.response and light["c2"].response == shaped.response
@@ -362,7 +362,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
 
     import pyarrow.parquet as pq
 
-    from forge_store.snapshot import snapshot
+    from forge_store._snapshot import snapshot
 
     snapshot(store.engine, tmp_path / "snap")  # what SQL over a snapshot reads: the values themselves, unwrapped
     rows = {r["id"]: r for r in pq.read_table(tmp_path / "snap" / "calls.parquet").to_pylist()}
@@ -414,7 +414,7 @@ def test_nan_and_infinity_in_json_fields_are_stored_and_snapshotted(store, tmp_p
 
     import pyarrow.parquet as pq
 
-    from forge_store.snapshot import snapshot
+    from forge_store._snapshot import snapshot
 
     store.start_rollout("r1", metadata={"wall_s": float("inf")})
     for turn in range(3):

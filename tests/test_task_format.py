@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.task import TaskError, load_task, load_tasks
+from rollout._task import TaskError, load_task, load_tasks
 
 
 def _task(tmp_path, name="t1", toml="", instruction="Do it.", test_sh="echo 1 > $OPENFORGE_REWARD_DIR/reward.txt"):

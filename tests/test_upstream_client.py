@@ -1,4 +1,4 @@
-"""The proxy's own upstream HTTP client (``proxy.upstream``) against real servers on loopback: TLS, connection
+"""The proxy's own upstream HTTP client (``proxy._upstream``) against real servers on loopback: TLS, connection
 reuse, a pooled connection the server closed, bodies ended by the connection, and answers cut short."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import orjson
 import pytest
 import uvicorn
 
-from proxy.errors import UpstreamFailure
+from proxy._errors import UpstreamFailure
+from proxy._upstream import Upstream
 from proxy.testing import ScriptedUpstream, Text
-from proxy.upstream import Upstream
 from tests.netfault import free_port
 
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -156,7 +156,7 @@ def test_an_answer_in_pieces_wakes_its_reader_once_and_the_connection_reads_the_
                 writer.write(body[i:i + (1 << 20)])
                 await writer.drain()
 
-    from proxy import upstream as upstream_module
+    from proxy import _upstream as upstream_module
 
     wakes = []
     real_wake = upstream_module._Connection._wake
@@ -330,7 +330,7 @@ def test_a_stream_closed_at_its_done_keeps_its_connection_when_the_transfers_end
 
 
 def test_a_finished_stream_whose_transfer_never_ends_is_closed_and_one_stopped_early_at_once(monkeypatch):
-    from proxy import upstream as upstream_module
+    from proxy import _upstream as upstream_module
 
     monkeypatch.setattr(upstream_module, "_PARK_S", 0.3)
     ended: list[str] = []
@@ -360,8 +360,6 @@ def test_a_finished_stream_whose_transfer_never_ends_is_closed_and_one_stopped_e
 def test_the_proxy_reuses_the_connection_of_a_relayed_stream_whose_end_came_after_its_done(tmp_path):
     """Through the proxy, with the official SDK: two streamed calls, one upstream connection."""
     import types
-
-    import openai
 
     from tests.proxy_fixtures import make_proxy
 

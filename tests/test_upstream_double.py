@@ -18,6 +18,7 @@ import openai
 import pytest
 
 import proxy.testing
+from proxy._gguf import GGUFError, read_gguf_metadata
 from proxy.testing import (
     ScriptedUpstream,
     Text,
@@ -27,7 +28,6 @@ from proxy.testing import (
     load_smollm2_tokenizer,
     run_upstream,
 )
-from proxy.testing._gguf import GGUFError, read_gguf_metadata
 from proxy.testing.script import load_script, step_from_dict
 from proxy.testing.tokenizer import render_tool_calls
 

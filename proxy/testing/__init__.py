@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from proxy.testing.script import Delay, HTTPError, Script, Step, Text, ToolCall, ToolCalls, load_script
-from proxy.testing.server import UpstreamServer, run_upstream
-from proxy.testing.tokenizer import ChatTokenizer, load_smollm2_tokenizer, load_tokenizer_from_gguf
+from .script import Delay, HTTPError, Script, Step, Text, ToolCall, ToolCalls, load_script
+from .server import UpstreamServer
+from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, load_tokenizer_from_gguf
 
 # Imported on first use, so that `python -m proxy.testing.upstream` does not load the module twice.
-_LAZY = {"RecordedRequest", "ScriptedUpstream"}
+_LAZY = {"RecordedRequest", "ScriptedUpstream", "run_upstream"}
 
 __all__ = [
     "ChatTokenizer",

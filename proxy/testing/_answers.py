@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from proxy.testing.script import Text, ToolCalls
-from proxy.testing.tokenizer import ChatTokenizer, render_tool_calls
+from .script import Text, ToolCalls
+from .tokenizer import ChatTokenizer, render_tool_calls
 
 _tool_ids = itertools.count(1)
 

@@ -1,26 +1,22 @@
-"""Serve a `ScriptedUpstream` on loopback with uvicorn in a background thread."""
+"""Serve an ASGI double (a `ScriptedUpstream`'s `.app`) on loopback with uvicorn in a background thread."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import uvicorn
 
-if TYPE_CHECKING:
-    from proxy.testing.upstream import ScriptedUpstream
-
-__all__ = ["UpstreamServer", "run_upstream"]
+__all__ = ["UpstreamServer"]
 
 
 class UpstreamServer:
-    """Serves a `ScriptedUpstream` with uvicorn in a background thread; `stop()` makes it unreachable."""
+    """Serves ``upstream.app`` (a `ScriptedUpstream`'s) with uvicorn in a background thread; `stop()` makes it
+    unreachable."""
 
-    def __init__(self, upstream: ScriptedUpstream, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, upstream: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         self.upstream, self.host, self.port = upstream, host, port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -56,21 +52,3 @@ class UpstreamServer:
             self._server.force_exit = True
             self._thread.join(5)
         self._server = self._thread = None
-
-
-@contextlib.contextmanager
-def run_upstream(upstream: ScriptedUpstream | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve `upstream` (a default one if None) on a free loopback port; yields the root URL.
-
-    OpenAI clients want `base_url=url + "/v1"`; `/tokenize` and `/health` live at the root, as in vLLM.
-    """
-    if upstream is None:
-        from proxy.testing.upstream import ScriptedUpstream
-
-        upstream = ScriptedUpstream()
-    server = UpstreamServer(upstream, host, port)
-    server.start()
-    try:
-        yield server.base_url
-    finally:
-        server.stop()

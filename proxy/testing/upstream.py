@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import collections
+import contextlib
+import gc
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,10 +35,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from proxy.testing import _answers as A
-from proxy.testing.script import Delay, HTTPError, Script, Step, Text, load_script
-from proxy.testing.server import UpstreamServer, run_upstream
-from proxy.testing.tokenizer import ChatTokenizer, load_smollm2_tokenizer, message_text
+from . import _answers as A
+from .script import Delay, HTTPError, Script, Step, Text, load_script
+from .server import UpstreamServer
+from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, message_text
 
 __all__ = ["RecordedRequest", "ScriptedUpstream", "UpstreamServer", "run_upstream"]
 
@@ -360,6 +361,24 @@ class ScriptedUpstream:
     async def _admin_reset(self) -> Response:
         self.reset()
         return _ok({})
+
+
+@contextlib.contextmanager
+def run_upstream(upstream: ScriptedUpstream | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve `upstream` (a default one if None) on a free loopback port; yields the root URL.
+
+    OpenAI clients want `base_url=url + "/v1"`; `/tokenize` and `/health` live at the root, as in vLLM.
+    """
+    if upstream is None:
+        from .upstream import ScriptedUpstream
+
+        upstream = ScriptedUpstream()
+    server = UpstreamServer(upstream, host, port)
+    server.start()
+    try:
+        yield server.base_url
+    finally:
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

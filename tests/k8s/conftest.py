@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("kubernetes", reason="the Kubernetes backend needs `pip install 'openforge[k8s]'`")
 pytest.importorskip("kmock", reason="the emulator tests need `pip install 'openforge[k8s]'`")
 
-from rollout.backends.base import Mount, Phase, Resources, SandboxSpec  # noqa: E402
-from rollout.backends.kubernetes import KubernetesBackend, KubernetesConfig  # noqa: E402
-from rollout.backends.kubernetes.emulator import Emulator, FakeKubelet  # noqa: E402
+from rollout._backends.base import Mount, Phase, Resources, SandboxSpec  # noqa: E402
+from rollout._backends.kubernetes import KubernetesBackend, KubernetesConfig  # noqa: E402
+from rollout._backends.kubernetes.emulator import Emulator, FakeKubelet  # noqa: E402
 
 NS = "openforge-test"
 TOKEN = "of-rollout-token-7f3a"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from rollout.backends.kubernetes import manifests
-from rollout.backends.kubernetes.api import ApiError, TokenBucket
+from rollout._backends.kubernetes import manifests
+from rollout._backends.kubernetes.api import ApiError, TokenBucket
 
 from .conftest import NS, make_spec
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from rollout.backends.base import SandboxBackend, SandboxError
-from rollout.backends.kubernetes.results import message
+from rollout._backends.base import SandboxBackend, SandboxError
+from rollout._backends.kubernetes.results import message
 
 from .conftest import NS, REWARD, TOKEN, make_spec
 
@@ -207,7 +207,7 @@ def test_result_above_the_termination_message_limit_comes_from_the_log(backend, 
 
 
 def test_importing_the_backend_does_not_import_kubernetes():
-    code = ("import sys, rollout, rollout.backends.kubernetes as k; "
+    code = ("import sys, rollout, rollout._backends.kubernetes as k; "
             "assert 'kubernetes' not in sys.modules, 'kubernetes imported'; print(k.__all__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

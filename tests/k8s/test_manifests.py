@@ -10,9 +10,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollout.backends.base import Phase, SandboxError
-from rollout.backends.kubernetes import manifests
-from rollout.backends.kubernetes.config import Toleration
+from rollout._backends.base import Phase, SandboxError
+from rollout._backends.kubernetes import manifests
+from rollout._backends.kubernetes.config import Toleration
 
 from .conftest import TOKEN, config, make_spec
 
@@ -165,7 +165,7 @@ def _kubelet_expand(s: str, env: dict[str, str]) -> str:
 
 
 def test_the_kubelet_expansion_gives_back_what_was_written(task_dir):
-    from rollout.backends.kubernetes.results import PHASE_SCRIPT
+    from rollout._backends.kubernetes.results import PHASE_SCRIPT
 
     _, pod, *_ = _all(task_dir)
     harness = next(c for c in pod["spec"]["initContainers"] if c["name"] == "p-harness")

@@ -8,11 +8,12 @@ import threading
 import time
 
 from forge_store import Settings, open_store
-from rollout.backends.kubernetes import KubernetesBackend
-from rollout.harnesses import get_harness
-from rollout.orchestrator import Orchestrator, RunConfig
-from rollout.proxy_link import AdminClient, EmbeddedProxy
-from rollout.task import load_task
+from openforge.embedded_proxy import EmbeddedProxy
+from rollout import AdminClient
+from rollout._backends.kubernetes import KubernetesBackend
+from rollout._harnesses import get_harness
+from rollout._orchestrator import Orchestrator, RunConfig
+from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES
 
 from .conftest import config

@@ -6,7 +6,7 @@ import base64
 import os
 import subprocess
 
-from rollout.backends.kubernetes.results import PHASE_SCRIPT, message, message_limit, parse_message, split_log
+from rollout._backends.kubernetes.results import PHASE_SCRIPT, message, message_limit, parse_message, split_log
 
 
 def run(tmp_path, argv, *, outputs=(), files=(), timeout_s=0, max_bytes=4096, mode="phase"):

@@ -38,7 +38,7 @@ def backend():
     problem = _reachable()
     if problem:
         pytest.skip(problem)
-    from rollout.backends.kubernetes import KubernetesBackend, KubernetesConfig
+    from rollout._backends.kubernetes import KubernetesBackend, KubernetesConfig
     be = KubernetesBackend(KubernetesConfig(namespace=NAMESPACE, context=CONTEXT, default_image=IMAGE,
                                             read_only_root_fs=True, image_pull_grace_s=120))
     yield be
@@ -47,7 +47,7 @@ def backend():
 
 
 def _spec(tmp_path, argv, rollout_id=None):
-    from rollout.backends.base import Mount, Phase, SandboxSpec
+    from rollout._backends.base import Mount, Phase, SandboxSpec
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
     (ws / "hello.txt").write_text("hello\n")
@@ -80,7 +80,7 @@ def test_a_rollout_runs_end_to_end(backend, tmp_path):
 
 
 def test_harness_deadline_from_container_start(backend, tmp_path):
-    from rollout.backends.base import Phase
+    from rollout._backends.base import Phase
     spec = _spec(tmp_path, "sleep 120")
     spec = type(spec)(**{**spec.__dict__, "phases": (Phase("harness", ("/bin/sh", "-c", "sleep 120"), timeout_s=5),
                                                     spec.phases[1])})
@@ -105,7 +105,7 @@ def test_egress_other_than_the_proxy_is_blocked(backend, tmp_path):
 
 
 def test_bad_image_is_an_image_pull_error(backend, tmp_path):
-    from rollout.backends.base import SandboxError
+    from rollout._backends.base import SandboxError
     spec = _spec(tmp_path, "true")
     spec = type(spec)(**{**spec.__dict__, "image": "registry.invalid/openforge/none:0"})
     sb = backend.create(spec)

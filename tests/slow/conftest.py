@@ -1,10 +1,10 @@
 """The slow tier's shared fixture: one real vLLM OpenAI server on the CPU for the whole session.
 
-The first run builds its environment and model (`proxy.testing.vllm_cpu`, ~5 min, cached under
+The first run builds its environment and model (`proxy.engines.vllm_cpu`, ~5 min, cached under
 `$OPENFORGE_VLLM_CPU_CACHE` or `~/.cache/openforge/vllm-cpu`) and compiles the model (~4 min start);
 later starts take ~1.5 min.
 `OPENFORGE_SKIP_SLOW=1` skips the tests that use it; `OPENFORGE_VLLM_URL=http://127.0.0.1:PORT/v1` uses a server
-already running (`python -m proxy.testing.vllm_cpu serve --port PORT`) instead of starting one.
+already running (`python -m proxy.engines.vllm_cpu serve --port PORT`) instead of starting one.
 Run this tier without xdist (`-p no:xdist`): each xdist worker would start its own server.
 """
 
@@ -20,10 +20,10 @@ def vllm_server():
     """Base URL (`http://127.0.0.1:PORT/v1`) of a live vLLM server serving SmolLM2-135M-Instruct."""
     if os.environ.get("OPENFORGE_SKIP_SLOW") == "1":
         pytest.skip("OPENFORGE_SKIP_SLOW=1")
-    if url := os.environ.get("OPENFORGE_VLLM_URL"):  # a server already up (`python -m proxy.testing.vllm_cpu serve`)
+    if url := os.environ.get("OPENFORGE_VLLM_URL"):  # a server already up (`python -m proxy.engines.vllm_cpu serve`)
         yield url.rstrip("/")
         return
-    from proxy.testing.vllm_cpu import CACHE_ENV, VllmServer
+    from proxy.engines.vllm_cpu import CACHE_ENV, VllmServer
 
     with VllmServer(os.environ.get(CACHE_ENV)) as server:
         yield server.base_url

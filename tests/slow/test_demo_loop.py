@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from forge_store import RolloutFilter, open_store
-from learner.export import export
-from learner.plan import ExportConfig
+from learner._export import export
+from learner._plan import ExportConfig
+from proxy.engines.vllm_cpu import CACHE_ENV, ensure_model
 from proxy.testing.script import Text, ToolCall, ToolCalls
-from proxy.testing.vllm_cpu import CACHE_ENV, ensure_model
-from rollout.task import load_task
+from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES, make_forge
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ import time
 import httpx
 import pytest
 
-from proxy.testing.vllm_cpu import MODEL_NAME
+from proxy.engines.vllm_cpu import MODEL_NAME
 from tests.proxy_fixtures import Up, make_proxy
 from tests.test_harness_e2e import run_claude, run_codex
 

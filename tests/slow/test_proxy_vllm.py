@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from proxy.testing.vllm_cpu import MODEL_NAME
+from proxy.engines.vllm_cpu import MODEL_NAME
 from tests.proxy_fixtures import Up, make_proxy
 
 pytestmark = pytest.mark.slow

@@ -4,15 +4,14 @@ SmolLM2-135M-Instruct rollouts on an example task, every call recorded token-exa
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
-import httpx
-
 from forge_store import RolloutFilter
-from rollout.harnesses import get_harness
-from rollout.task import load_task
-from tests.rollout_fixtures import EXAMPLES, make_forge
+from rollout._harnesses import get_harness
+from rollout._task import load_task
 from tests.proxy_fixtures import Up
+from tests.rollout_fixtures import EXAMPLES, make_forge
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from forge_store import Settings, open_store
-from learner.export import export
-from learner.grpo import GrpoConfig, group_advantages
-from learner.plan import ExportConfig
+from learner._export import export
+from learner._grpo import GrpoConfig, group_advantages
+from learner._plan import ExportConfig
 from tests.conftest import make_call
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from proxy.testing.vllm_cpu import MODEL_NAME
+from proxy.engines.vllm_cpu import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,60 @@
+"""Behaviour: tool distributions and rubrics of two policy versions (or two harnesses), side by side.
+
+Tool counts and pass@k are aggregated in SQL over the latest rollouts of each side in the window; the rubrics that
+need whole trajectories (format, recovery, self-verification, coverage, efficiency) use a smaller sample.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from .._context import Context
+from .._queries import SIDES, filter_options, latest_rollouts, pass_rates, rubric_sample, tool_distribution
+
+MAX_ROLLOUTS = 500
+RUBRIC_SAMPLE = 50
+
+
+def compare(ctx: Context, side: str, a: str, b: str, *, max_rollouts: int = MAX_ROLLOUTS,
+            sample: int = RUBRIC_SAMPLE) -> dict[str, pd.DataFrame]:
+    """The page's data for two slices; also what ``bench/dashboard_queries.py`` times."""
+    engine = ctx.store.engine
+    tools, rates, rubrics = [], {}, {}
+    for value in (a, b):
+        ids = latest_rollouts(engine, ctx.window, side, value, max_rollouts)
+        tools.append(tool_distribution(engine, ids).assign(side=value))
+        rates[value] = pass_rates(engine, ctx.window, side, value)
+        rubrics[value] = rubric_sample(engine, ids[:sample])
+    return {"tools": pd.concat(tools, ignore_index=True), "pass": pd.DataFrame(rates),
+            "rubrics": pd.DataFrame(rubrics)}
+
+
+def render(ctx: Context) -> None:
+    st.header("Behaviour")
+    side_label = st.radio("Compare", list(SIDES), horizontal=True, key="side")
+    side = SIDES[side_label]
+    values = filter_options(ctx.store.engine)[side]
+    if not values:
+        st.info(f"No rollout records a {side_label}; nothing to compare.")
+        return
+    cols = st.columns(2)
+    a = cols[0].selectbox(f"{side_label} A", values, index=0, key="side_a")
+    b = cols[1].selectbox(f"{side_label} B", values, index=min(1, len(values) - 1), key="side_b")
+    data = compare(ctx, side, a, b)
+    tools = data["tools"]
+    if tools.empty:
+        st.info("These rollouts made no tool calls in this time window.")
+    else:
+        st.subheader("Tool-call share by category")
+        st.bar_chart(tools.pivot_table(index="category", columns="side", values="share", aggfunc="sum", fill_value=0))
+        st.subheader("Tool-call share by tool")
+        st.bar_chart(tools.pivot_table(index="tool", columns="side", values="share", aggfunc="sum", fill_value=0))
+    st.subheader("Outcomes: pass@k and pass^k (per task, averaged over tasks)")
+    st.dataframe(data["pass"], width="stretch")
+    st.subheader(f"Rubrics (latest {RUBRIC_SAMPLE} rollouts of each side)")
+    rub = data["rubrics"]
+    st.bar_chart(rub.drop(index=["rollouts"], errors="ignore").astype(float))
+    st.dataframe(rub, width="stretch")
+    st.caption(f"Tool counts over the latest {MAX_ROLLOUTS} rollouts of each side in the window. Rules: "
+               "learner/_rubrics.py; categories and error patterns: learner/_analysis_config.py.")

@@ -1,0 +1,84 @@
+"""Content-addressed blob store: bytes kept once under their sha256.
+
+``BlobStore`` is the interface an object store (S3, GCS) implements at scale; ``LocalBlobStore`` is the default,
+a folder laid out as ``ab/cd/abcdef...`` with atomic writes (temporary file, fsync, rename), so a reader never
+sees a partial blob and a crash never leaves one under a real address.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ._errors import BlobCorrupt, BlobNotFound, StoreError
+from ._hashing import sha256_hex
+
+
+@runtime_checkable
+class BlobStore(Protocol):
+    def put(self, data: bytes) -> str:
+        """Store ``data``; return its sha256 (hex). Storing the same bytes again is a no-op."""
+
+    def get(self, sha256: str) -> bytes:
+        """The bytes stored under ``sha256``; raise BlobNotFound if absent, BlobCorrupt if damaged."""
+
+    def exists(self, sha256: str) -> bool: ...
+
+
+def _check_address(sha256: str) -> str:
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise StoreError(f"blob address {sha256!r} is not a lowercase hex sha256 (64 characters)")
+    return sha256
+
+
+class LocalBlobStore:
+    def __init__(self, root: str | os.PathLike, *, fsync: bool = True):
+        self.root = Path(root)
+        self.fsync = fsync
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        _check_address(sha256)
+        return self.root / sha256[:2] / sha256[2:4] / sha256
+
+    def exists(self, sha256: str) -> bool:
+        return self.path(sha256).exists()
+
+    def put(self, data: bytes) -> str:
+        digest = sha256_hex(data)
+        target = self.path(digest)
+        if target.exists():
+            return digest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if self.fsync:
+            dir_fd = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return digest
+
+    def get(self, sha256: str, *, verify: bool = True) -> bytes:
+        try:
+            data = self.path(sha256).read_bytes()
+        except FileNotFoundError:
+            raise BlobNotFound(
+                f"blob {sha256} is not in {self.root}: the store row references bytes that were never written or "
+                "were deleted; check OPENFORGE_BLOB_DIR points at this store's blob folder"
+            ) from None
+        if verify and sha256_hex(data) != sha256:
+            raise BlobCorrupt(f"blob file {self.path(sha256)} no longer hashes to {sha256}: restore it from a backup")
+        return data

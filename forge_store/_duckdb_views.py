@@ -1,0 +1,180 @@
+"""DuckDB over the store: the live database (SQLite or PostgreSQL, read-only) or a Parquet snapshot folder.
+
+``connect(url_or_snapshot_dir)`` returns a DuckDB connection with one view per table (JSON columns typed JSON,
+timestamps TIMESTAMP in UTC (no zone attached, so results need no pytz), booleans BOOLEAN, whatever the source) and these analysis views:
+
+* ``rollouts``: every rollout plus ``latency_s``, ``harness_name``, ``harness_version``, ``domain`` and the latest
+  reward (``reward``, ``reward_source``; rewards are append-only, the latest by ingest order wins).
+* ``calls``: every call (token arrays stay packed BLOBs; ``n_prompt_tokens`` / ``n_completion_tokens`` count them).
+* ``tool_calls``: one row per tool call of an assistant response: ``call_id``, ``rollout_id``, ``seq``,
+  ``tool_index``, ``tool_call_id``, ``tool_name``, ``arguments`` (text as sent), ``arguments_json_ok``.
+* ``rewards`` (every row, with ``is_latest``), ``exclusions``, ``exports``, ``tasks``, ``harnesses``,
+  ``policy_versions``.
+* ``samples``: one row per model call with what token-level training would see of it: ids, rollout, policy
+  version, token counts, ``token_exact``, ``finish_reason`` and the rollout's latest reward. It is a view over
+  ``calls``, not over exported shards: export shards live in the export's folder (``exports.out_dir``) and can be
+  read with ``read_parquet`` directly.
+
+The sqlite / postgres scanners cannot be INSTALLed offline: they come from the PyPI packages
+``duckdb-extension-sqlite-scanner`` and ``duckdb-extension-postgres-scanner`` (``pip install 'openforge[dashboards]'``)
+and are LOADed by file path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import duckdb
+import sqlalchemy as sa
+
+from . import _schema as schema
+from ._engine import redact_url
+from ._errors import SchemaMismatch, StoreError, StoreURLError
+
+ANALYSIS_VIEWS = ("rollouts", "calls", "tool_calls", "rewards", "samples", "exclusions", "exports", "tasks",
+                  "harnesses", "policy_versions")
+
+
+def _extension(name: str) -> str:
+    pkg = f"duckdb_extension_{name}"
+    try:
+        mod = importlib.import_module(pkg)
+    except ImportError:
+        raise StoreError(
+            f"DuckDB extension {name} is not installed: it ships in the PyPI package {pkg.replace('_', '-')} "
+            f"(version {duckdb.__version__}); run pip install 'openforge[dashboards]'") from None
+    files = sorted(Path(mod.__file__).parent.rglob(f"{name}.duckdb_extension"))
+    wanted = [f for f in files if f.parent.name == f"v{duckdb.__version__}"] or files
+    if not wanted:
+        raise StoreError(f"package {pkg} holds no {name}.duckdb_extension file: reinstall it at version "
+                         f"{duckdb.__version__}")
+    return str(wanted[-1])
+
+
+def _pg_conninfo(url: sa.URL) -> str:
+    parts = {"host": url.host, "port": url.port, "user": url.username, "password": url.password,
+             "dbname": url.database}
+    return " ".join(f"{k}={v}" for k, v in parts.items() if v is not None)
+
+
+def _column_sql(col: sa.Column) -> str:
+    name = f'"{col.name}"'
+    t = col.type
+    if isinstance(t, sa.JSON) or isinstance(getattr(t, "impl", None), sa.JSON):
+        return f"CAST({name} AS JSON) AS {name}"
+    if isinstance(t, (schema.UTCDateTime, sa.DateTime)):
+        return f"CAST({name} AS TIMESTAMP) AS {name}"
+    if isinstance(t, sa.Boolean):
+        return f"CAST({name} AS BOOLEAN) AS {name}"
+    return name
+
+
+def _attach(con: duckdb.DuckDBPyConnection, source: str) -> str:
+    """Attach ``source``; return how a table is named in it (a format string with {table})."""
+    path = Path(source).expanduser()
+    if "://" not in source:
+        if not (path / "manifest.json").is_file():
+            raise StoreURLError(f"{source!r} is neither a store URL nor a snapshot folder (no manifest.json there): "
+                                "pass sqlite:///PATH, postgresql+psycopg://..., or a folder written by "
+                                "`openforge store snapshot --out DIR`")
+        manifest = json.loads((path / "manifest.json").read_text())
+        files = {t: str(path / info["file"]) for t, info in manifest["tables"].items()}
+        missing = [t.name for t in schema.Base.metadata.sorted_tables if t.name != "ingest_counter" and t.name not in files]
+        if missing:
+            raise SchemaMismatch(f"snapshot {source} lacks tables {missing}: it was written by an older OpenForge; "
+                                 "write a new one with `openforge store snapshot`")
+        con.execute("CREATE SCHEMA src")
+        for t, f in files.items():
+            con.execute(f"CREATE VIEW src.\"{t}\" AS SELECT * FROM read_parquet('{f.replace(chr(39), chr(39) * 2)}')")
+        return "src.\"{table}\""
+    try:
+        url = sa.engine.make_url(source)
+    except sa.exc.ArgumentError:
+        raise StoreURLError(f"store URL {source!r} is not a database URL: use sqlite:///PATH or "
+                            "postgresql+psycopg://USER@HOST:PORT/DB") from None
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        db = Path(url.database or "").expanduser()
+        if not db.is_file():
+            raise StoreURLError(f"store {redact_url(source)}: no SQLite file at {db}; check the path")
+        con.execute(f"LOAD '{_extension('sqlite_scanner')}'")
+        con.execute(f"ATTACH '{db}' AS src (TYPE sqlite, READ_ONLY)")
+    elif backend == "postgresql":
+        con.execute(f"LOAD '{_extension('postgres_scanner')}'")
+        try:
+            con.execute(f"ATTACH '{_pg_conninfo(url)}' AS src (TYPE postgres, READ_ONLY)")
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot attach {redact_url(source)} in DuckDB: {str(exc).splitlines()[0]}. Check the "
+                             "URL and that the server is running.") from None
+    else:
+        raise StoreURLError(f"store URL {redact_url(source)}: backend {backend!r} is not supported by the DuckDB views")
+    return "src.\"{table}\""
+
+
+def connect(source: str) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the store's views (see the module docstring). ``source``: URL or snapshot folder."""
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    ref = _attach(con, str(source))
+    try:
+        con.execute("CREATE SCHEMA store")
+        for table in schema.Base.metadata.sorted_tables:
+            if table.name == "ingest_counter":
+                continue
+            cols = ", ".join(_column_sql(c) for c in table.columns)
+            con.execute(f'CREATE VIEW store."{table.name}" AS SELECT {cols} FROM {ref.format(table=table.name)}')
+        _check_schema(con, source)
+        for sql in _VIEWS:
+            con.execute(sql)
+    except duckdb.CatalogException as exc:
+        raise SchemaMismatch(f"{redact_url(str(source))} does not have this OpenForge's tables "
+                             f"({str(exc).splitlines()[0]}): run `openforge db upgrade --store URL`") from None
+    return con
+
+
+def _check_schema(con: duckdb.DuckDBPyConnection, source: str) -> None:
+    for table in ("rollouts", "calls"):
+        con.execute(f'SELECT * FROM store."{table}" LIMIT 0')
+
+
+_VIEWS = [
+    """CREATE VIEW rewards AS SELECT r.*, row_number() OVER (PARTITION BY rollout_id ORDER BY ingest_seq DESC) = 1
+       AS is_latest FROM store.rewards r""",
+    "CREATE VIEW exclusions AS SELECT * FROM store.exclusions",
+    "CREATE VIEW exports AS SELECT * FROM store.exports",
+    "CREATE VIEW tasks AS SELECT * FROM store.tasks",
+    "CREATE VIEW harnesses AS SELECT * FROM store.harnesses",
+    "CREATE VIEW policy_versions AS SELECT * FROM store.policy_versions",
+    "CREATE VIEW calls AS SELECT * FROM store.calls",
+    """CREATE VIEW rollouts AS
+       SELECT r.*, epoch(r.ended_at - r.started_at) AS latency_s, h.name AS harness_name,
+              h.version AS harness_version, t.domain, rw.value AS reward, rw.source AS reward_source
+       FROM store.rollouts r
+       LEFT JOIN store.harnesses h ON h.id = r.harness_id
+       LEFT JOIN store.tasks t ON t.id = r.task_id
+       LEFT JOIN (SELECT * FROM rewards WHERE is_latest) rw ON rw.rollout_id = r.id""",
+    """CREATE VIEW tool_calls AS
+       WITH x AS (
+         SELECT c.id AS call_id, c.rollout_id, c.seq, c.policy_version_id, c.started_at,
+                CAST(json_extract(c.response, '$.tool_calls') AS JSON[]) AS tcs
+         FROM store.calls c
+         WHERE json_type(json_extract(c.response, '$.tool_calls')) = 'ARRAY'),
+       y AS (SELECT call_id, rollout_id, seq, policy_version_id, started_at,
+                    unnest(tcs) AS tc, generate_subscripts(tcs, 1) - 1 AS tool_index FROM x)
+       SELECT call_id, rollout_id, seq, policy_version_id, started_at, tool_index,
+              json_extract_string(tc, '$.id') AS tool_call_id,
+              json_extract_string(tc, '$.function.name') AS tool_name,
+              json_extract_string(tc, '$.function.arguments') AS arguments,
+              coalesce(try(json_type(CAST(json_extract_string(tc, '$.function.arguments') AS JSON)) = 'OBJECT'), false)
+                AS arguments_json_ok
+       FROM y""",
+    """CREATE VIEW samples AS
+       SELECT c.id AS call_id, c.rollout_id, c.seq, c.policy_version_id, r.task_id, r.harness_id,
+              c.n_prompt_tokens, c.n_completion_tokens, c.token_exact, c.finish_reason, c.started_at,
+              rw.value AS reward
+       FROM store.calls c
+       LEFT JOIN store.rollouts r ON r.id = c.rollout_id
+       LEFT JOIN (SELECT * FROM rewards WHERE is_latest) rw ON rw.rollout_id = c.rollout_id""",
+]

@@ -1,0 +1,190 @@
+"""Reads: rollouts, calls with their deltas resolved, whole trajectories; all optionally pinned to a watermark."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+
+from . import _schema as schema
+from ._errors import NotFound, StoreError
+from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall
+from ._tokens import bytes_to_ids, unpack_ids_raw, unpack_logprobs
+
+_calls = schema.Call.__table__
+_rollouts = schema.Rollout.__table__
+_messages = schema.Message.__table__
+_tools = schema.ToolSchema.__table__
+_rewards = schema.Reward.__table__
+_events = schema.Event.__table__
+
+
+def _rollout_info(row, as_of: int | None) -> RolloutInfo:
+    m = dict(row._mapping)
+    if as_of is not None and m["finished_seq"] is not None and m["finished_seq"] > as_of:
+        # as of the watermark this rollout had not finished yet
+        m.update(status="running", outcome=None, outcome_detail=None, ended_at=None, finished_seq=None)
+    return RolloutInfo(**m)
+
+
+def rollout(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> RolloutInfo:
+    q = sa.select(_rollouts).where(_rollouts.c.id == rollout_id)
+    if as_of is not None:
+        q = q.where(_rollouts.c.ingest_seq <= as_of)
+    row = conn.execute(q).first()
+    if row is None:
+        raise NotFound(f"rollout {rollout_id!r} is not in the store" + (f" as of watermark {as_of}" if as_of else ""))
+    return _rollout_info(row, as_of)
+
+
+def iter_rollouts(
+    conn: sa.Connection, flt: RolloutFilter | None = None, as_of: int | None = None, chunk: int = 1000
+) -> Iterator[RolloutInfo]:
+    """Rollouts in ingest order, streamed in chunks (keyset pagination, bounded memory)."""
+    flt = flt or RolloutFilter()
+    last = -1
+    while True:
+        q = sa.select(_rollouts).where(_rollouts.c.ingest_seq > last).order_by(_rollouts.c.ingest_seq).limit(chunk)
+        if as_of is not None:
+            q = q.where(_rollouts.c.ingest_seq <= as_of)
+        for col in ("run_id", "group_id", "task_id", "policy_version_id"):
+            if getattr(flt, col) is not None:
+                q = q.where(_rollouts.c[col] == getattr(flt, col))
+        rows = conn.execute(q).all()
+        if not rows:
+            return
+        for row in rows:
+            info = _rollout_info(row, as_of)
+            if flt.outcome is not None and info.outcome != flt.outcome:
+                continue
+            if flt.finished is not None and (info.status == "finished") != flt.finished:
+                continue
+            yield info
+        last = rows[-1].ingest_seq
+
+
+def _load_bodies(conn: sa.Connection, table: sa.Table, hashes: set[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    todo = sorted(hashes)
+    for i in range(0, len(todo), 500):
+        part = todo[i : i + 500]
+        out.update(conn.execute(sa.select(table.c.sha256, table.c.body).where(table.c.sha256.in_(part))).all())
+    return out
+
+
+def calls(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[StoredCall]:
+    """A rollout's calls in order (seq, then id), prompts and token ids resolved in full."""
+    q = sa.select(_calls).where(_calls.c.rollout_id == rollout_id)
+    if as_of is not None:
+        q = q.where(_calls.c.ingest_seq <= as_of)
+    rows = {r.id: r for r in conn.execute(q.order_by(_calls.c.seq, _calls.c.id))}
+    return resolve_calls(conn, rows)
+
+
+def call(conn: sa.Connection, call_id: str) -> StoredCall:
+    row = conn.execute(sa.select(_calls).where(_calls.c.id == call_id)).first()
+    if row is None:
+        raise NotFound(f"call {call_id!r} is not in the store")
+    rows = {row.id: row}
+    base = row.prompt_base_call_id or row.prompt_ids_base_call_id
+    if base and row.rollout_id:  # bases live in the same rollout: resolve through it
+        rows.update({r.id: r for r in conn.execute(sa.select(_calls).where(_calls.c.rollout_id == row.rollout_id))})
+    return next(c for c in resolve_calls(conn, rows) if c.id == call_id)
+
+
+def resolve_calls(conn: sa.Connection, rows: dict) -> list[StoredCall]:
+    prompts: dict[str, list[str]] = {}
+    full_ids: dict[str, bytes | None] = {}
+
+    def prompt_of(cid: str) -> list[str]:
+        if cid not in prompts:
+            r = _need(rows, cid)
+            base = prompt_of(r.prompt_base_call_id)[: r.prompt_base_len] if r.prompt_base_call_id else []
+            prompts[cid] = base + list(r.prompt_tail)
+        return prompts[cid]
+
+    def ids_of(cid: str) -> bytes | None:  # prompt + completion, raw uint32
+        if cid not in full_ids:
+            r = _need(rows, cid)
+            full_ids[cid] = None
+            if r.prompt_ids_tail is not None:
+                base = ids_of(r.prompt_ids_base_call_id)[: r.prompt_ids_prefix_len * 4] if r.prompt_ids_base_call_id else b""
+                prompt = base + unpack_ids_raw(r.prompt_ids_tail)
+                full_ids[cid] = prompt + (unpack_ids_raw(r.completion_ids) if r.completion_ids else b"")
+        return full_ids[cid]
+
+    for cid in rows:
+        prompt_of(cid)
+        ids_of(cid)
+    wanted = {h for p in prompts.values() for h in p}
+    wanted |= {r.response_message_hash for r in rows.values() if r.response_message_hash}
+    bodies = _load_bodies(conn, _messages, wanted)
+    tools = _load_bodies(conn, _tools, {r.tool_schema_hash for r in rows.values() if r.tool_schema_hash})
+    out = []
+    for cid, r in rows.items():
+        missing = [h for h in prompts[cid] if h not in bodies]
+        if missing:
+            raise StoreError(f"call {cid}: prompt message {missing[0]} is not in the messages table (store damaged)")
+        full = full_ids[cid]
+        prompt_ids = None
+        if full is not None:
+            prompt_ids = bytes_to_ids(full[: r.n_prompt_tokens * 4])
+        m = r._mapping
+        out.append(
+            StoredCall(
+                id=cid, rollout_id=r.rollout_id, seq=r.seq, api_surface=r.api_surface, model=r.model,
+                streamed=r.streamed, request_hash=r.request_hash, system_prompt_hash=r.system_prompt_hash,
+                tool_schema_hash=r.tool_schema_hash, params=r.request_params or {},
+                messages=[json.loads(bodies[h]) for h in prompts[cid]], message_hashes=prompts[cid],
+                tools=json.loads(tools[r.tool_schema_hash]) if r.tool_schema_hash in tools else None,
+                response=r.response, response_message_hash=r.response_message_hash, finish_reason=r.finish_reason,
+                response_message=json.loads(bodies[r.response_message_hash])
+                if r.response_message_hash in bodies else None,
+                prompt_token_ids=prompt_ids,
+                completion_token_ids=bytes_to_ids(unpack_ids_raw(r.completion_ids)) if r.completion_ids else (
+                    [] if r.completion_ids is not None else None),
+                completion_logprobs=unpack_logprobs(r.completion_logprobs), usage=r.usage,
+                started_at=r.started_at, ended_at=r.ended_at, ttft_ms=r.ttft_ms, latency_ms=r.latency_ms,
+                upstream_status=r.upstream_status, error_class=r.error_class, error_detail=r.error_detail,
+                retry_of=r.retry_of, policy_version_id=r.policy_version_id, token_exact=r.token_exact,
+                image_hashes=r.image_hashes, metadata=m["metadata"], ingest_seq=r.ingest_seq,
+            )
+        )
+    return out
+
+
+def _need(rows: dict, cid: str):
+    try:
+        return rows[cid]
+    except KeyError:
+        raise StoreError(f"delta base call {cid!r} is missing from its rollout (store damaged)") from None
+
+
+def rewards(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[RewardInfo]:
+    q = sa.select(_rewards).where(_rewards.c.rollout_id == rollout_id)
+    if as_of is not None:
+        q = q.where(_rewards.c.ingest_seq <= as_of)
+    return [RewardInfo(**r._mapping) for r in conn.execute(q.order_by(_rewards.c.ingest_seq))]
+
+
+def events(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[EventInfo]:
+    q = sa.select(_events).where(_events.c.rollout_id == rollout_id)
+    if as_of is not None:
+        q = q.where(_events.c.ingest_seq <= as_of)
+    return [EventInfo(**r._mapping) for r in conn.execute(q.order_by(_events.c.time, _events.c.ingest_seq))]
+
+
+_LINEAGE = {t.__tablename__: t.__table__ for t in (schema.Task, schema.Harness, schema.PolicyVersion, schema.RolloutGroup,
+                                                  schema.Run, schema.Exclusion, schema.Export)}
+
+
+def lineage(conn: sa.Connection, kind: str, as_of: int | None = None) -> list[dict]:
+    """Every row of a small lineage table, in ingest order, as plain dicts (``meta`` comes back as ``metadata``)."""
+    if kind not in _LINEAGE:
+        raise StoreError(f"lineage table {kind!r} unknown: use one of {', '.join(_LINEAGE)}")
+    table = _LINEAGE[kind]
+    q = sa.select(table).order_by(table.c.ingest_seq)
+    if as_of is not None:
+        q = q.where(table.c.ingest_seq <= as_of)
+    return [dict(r._mapping) for r in conn.execute(q)]

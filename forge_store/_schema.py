@@ -1,0 +1,389 @@
+"""The lineage store's tables (SQLAlchemy 2.0), one per noun of DESIGN.md's data model.
+
+References between rows are by id and deliberately not enforced by foreign keys: the proxy, the orchestrator and
+the learner write through separate journals, so the database may receive a call before its rollout row. Readers
+treat a dangling reference as data to report (the learner turns it into an exclusion), never as a crash.
+
+Every row carries ``ingest_seq``, assigned by the writer from one counter row inside the inserting transaction;
+the counter's row lock orders commits, so every row with ``ingest_seq <= watermark()`` is already visible and an
+export pinned to a watermark reads the same rows forever (invariant 5). Rollouts are the one mutable row: their
+finish is stamped with ``finished_seq`` so ``as_of`` reads see a rollout as unfinished until that point.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from ._errors import InvalidRecord
+
+# PostgreSQL refuses U+0000 in jsonb (even escaped) and in text, and NaN and Infinity in jsonb, where SQLite keeps
+# them. Without the two types below a model answer, a sampling parameter, an error text or a metric in a metadata
+# dict holding one would be refused by the database later, in the writer: the call dead-lettered, and every later
+# call of its rollout, whose prompt is a delta on it, unreadable.
+JSON_WRAP = "$openforge_json"  # on PostgreSQL, a JSON value jsonb cannot hold is stored as {JSON_WRAP: its JSON text}
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # "\u0000" after an even number of backslashes: a real U+0000
+
+
+def _jsonb_refuses(value) -> bool:
+    """True if jsonb cannot take ``value`` as it is: U+0000 in a string or key, or NaN / Infinity."""
+    text = None
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an int past 64 bits, say
+        pass
+    if text is None or b"null" in text:  # orjson writes NaN and Infinity as null: tell them from real nulls
+        try:
+            text = json.dumps(value, allow_nan=False).encode()
+        except ValueError:
+            return True
+    return b"\\u0000" in text and _NUL_ESCAPE.search(text) is not None
+
+
+class StoredJSON(sa.TypeDecorator):
+    """JSON (jsonb on PostgreSQL). On PostgreSQL a value jsonb cannot hold (U+0000 anywhere, NaN, Infinity) is
+    stored as ``{JSON_WRAP: "<its JSON text>"}``, a string jsonb takes; reads through the store (and snapshots)
+    unwrap it, so nothing is lost. A value that is itself such a one-key object is wrapped too, so that unwrapping
+    gives back exactly what was written. SQL over the live database sees the wrapper on those (rare) rows."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else sa.JSON())
+
+    def process_bind_param(self, value, dialect):
+        if value is None or dialect.name != "postgresql":
+            return value
+        if (isinstance(value, dict) and len(value) == 1 and JSON_WRAP in value) or _jsonb_refuses(value):
+            return {JSON_WRAP: json.dumps(value)}
+        return value
+
+    def process_result_value(self, value, dialect):
+        if (dialect.name == "postgresql" and isinstance(value, dict) and len(value) == 1
+                and isinstance(value.get(JSON_WRAP), str)):
+            return json.loads(value[JSON_WRAP])
+        return value
+
+
+class StoredText(sa.TypeDecorator):
+    """Free text (model names, error and outcome details). PostgreSQL cannot hold U+0000 in text: there it becomes
+    U+FFFD (the replacement character), the one change the store makes to what it is given. Exact bytes that matter
+    (messages, answers, token ids) are stored as JSON text or binary, which keep it."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and dialect.name == "postgresql" and "\x00" in value:
+            return value.replace("\x00", "\ufffd")
+        return value
+
+
+JsonType = StoredJSON()
+
+
+class UTCDateTime(sa.TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone, so it is re-attached on read)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store keeps UTC; pass datetime.now(timezone.utc)")
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def _id() -> Mapped[str]:
+    return mapped_column(sa.String(128), primary_key=True)
+
+
+def _seq() -> Mapped[int]:
+    return mapped_column(sa.BigInteger, nullable=False, index=True)
+
+
+class StoreMeta(Base):
+    __tablename__ = "store_meta"
+    key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(sa.Text, nullable=False)
+
+
+class IngestCounter(Base):
+    """One row (id = 1): the last ingest sequence number handed out. Its row lock serialises writers."""
+
+    __tablename__ = "ingest_counter"
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    value: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    id: Mapped[str] = _id()
+    source: Mapped[str | None] = mapped_column(StoredText)
+    domain: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    instruction_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    verifier_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    environment_ref: Mapped[str | None] = mapped_column(StoredText)
+    meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Harness(Base):
+    __tablename__ = "harnesses"
+    id: Mapped[str] = _id()
+    name: Mapped[str] = mapped_column(sa.String(128), nullable=False)
+    version: Mapped[str | None] = mapped_column(sa.String(128))
+    config_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    config: Mapped[dict | None] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class PolicyVersion(Base):
+    __tablename__ = "policy_versions"
+    id: Mapped[str] = _id()
+    model_name: Mapped[str] = mapped_column(StoredText, nullable=False)
+    checkpoint_id: Mapped[str | None] = mapped_column(StoredText)
+    checkpoint_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    global_step: Mapped[int | None] = mapped_column(sa.BigInteger)
+    tokenizer_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    chat_template_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    engine: Mapped[str | None] = mapped_column(sa.String(64))
+    engine_version: Mapped[str | None] = mapped_column(sa.String(64))
+    sampling_defaults: Mapped[dict | None] = mapped_column(JsonType)
+    meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[str] = _id()
+    name: Mapped[str | None] = mapped_column(StoredText)
+    config: Mapped[dict | None] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class RolloutGroup(Base):
+    """A GRPO group: n rollouts of one task under one policy version within one run."""
+
+    __tablename__ = "rollout_groups"
+    id: Mapped[str] = _id()
+    run_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    task_id: Mapped[str] = mapped_column(sa.String(128), nullable=False, index=True)
+    policy_version_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    target_size: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+    id: Mapped[str] = _id()
+    group_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    run_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    task_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    harness_id: Mapped[str | None] = mapped_column(sa.String(128))
+    policy_version_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    backend: Mapped[str | None] = mapped_column(sa.String(64))
+    image_ref: Mapped[str | None] = mapped_column(StoredText)
+    image_digest: Mapped[str | None] = mapped_column(sa.String(128))
+    pod_name: Mapped[str | None] = mapped_column(StoredText)
+    node_name: Mapped[str | None] = mapped_column(StoredText)
+    attempt: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=1)
+    retry_of: Mapped[str | None] = mapped_column(sa.String(128))
+    status: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    outcome: Mapped[str | None] = mapped_column(sa.String(32), index=True)
+    outcome_detail: Mapped[str | None] = mapped_column(StoredText)
+    meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ingest_seq: Mapped[int] = _seq()
+    finished_seq: Mapped[int | None] = mapped_column(sa.BigInteger, index=True)
+
+
+class Message(Base):
+    """A chat message, content-addressed: sha256 of its canonical JSON, which ``body`` holds verbatim."""
+
+    __tablename__ = "messages"
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    role: Mapped[str | None] = mapped_column(sa.String(32))
+    body: Mapped[str] = mapped_column(sa.Text, nullable=False)  # canonical JSON: U+0000 is escaped there
+    size: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class ToolSchema(Base):
+    """A request's tool declarations (canonical JSON of the whole list), stored once per distinct list."""
+
+    __tablename__ = "tool_schemas"
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    body: Mapped[str] = mapped_column(sa.Text, nullable=False)  # canonical JSON: U+0000 is escaped there
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Blob(Base):
+    """Index of the blob store: the bytes live in the blob store under their sha256."""
+
+    __tablename__ = "blobs"
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    media_type: Mapped[str | None] = mapped_column(sa.String(128))
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Call(Base):
+    """One model call. Prompt messages and prompt token ids are stored as deltas (invariant 3).
+
+    Prompt messages = (prompt of ``prompt_base_call_id``)[:prompt_base_len] + ``prompt_tail`` (message hashes).
+    Prompt token ids = (prompt ids + completion ids of ``prompt_ids_base_call_id``)[:prompt_ids_prefix_len]
+    + decode(``prompt_ids_tail``). Token arrays are packed by :mod:`forge_store._tokens`.
+    """
+
+    __tablename__ = "calls"
+    __table_args__ = (sa.Index("ix_calls_rollout_seq", "rollout_id", "seq"),)
+    id: Mapped[str] = _id()
+    rollout_id: Mapped[str | None] = mapped_column(sa.String(128))
+    seq: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    api_surface: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    model: Mapped[str | None] = mapped_column(StoredText)
+    streamed: Mapped[bool] = mapped_column(sa.Boolean, nullable=False)
+    request_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False, index=True)
+    system_prompt_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    tool_schema_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    request_params: Mapped[dict | None] = mapped_column(JsonType)
+    prompt_base_call_id: Mapped[str | None] = mapped_column(sa.String(128))
+    prompt_base_len: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=0)
+    prompt_tail: Mapped[list] = mapped_column(JsonType, nullable=False)
+    n_prompt_messages: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    response: Mapped[dict | None] = mapped_column(JsonType)
+    response_message_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    finish_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    prompt_ids_base_call_id: Mapped[str | None] = mapped_column(sa.String(128))
+    prompt_ids_prefix_len: Mapped[int] = mapped_column(sa.Integer, nullable=False, default=0)
+    prompt_ids_tail: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    n_prompt_tokens: Mapped[int | None] = mapped_column(sa.Integer)
+    completion_ids: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    completion_logprobs: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    n_completion_tokens: Mapped[int | None] = mapped_column(sa.Integer)
+    usage: Mapped[dict | None] = mapped_column(JsonType)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ttft_ms: Mapped[float | None] = mapped_column(sa.Float)
+    latency_ms: Mapped[float | None] = mapped_column(sa.Float)
+    upstream_status: Mapped[int | None] = mapped_column(sa.Integer)
+    error_class: Mapped[str | None] = mapped_column(sa.String(64))
+    error_detail: Mapped[str | None] = mapped_column(StoredText)
+    retry_of: Mapped[str | None] = mapped_column(sa.String(128))
+    policy_version_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    token_exact: Mapped[bool] = mapped_column(sa.Boolean, nullable=False)
+    image_hashes: Mapped[list | None] = mapped_column(JsonType)
+    meta: Mapped[dict | None] = mapped_column("metadata", JsonType)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Reward(Base):
+    """Append-only: a later reward is a new row, never an overwrite."""
+
+    __tablename__ = "rewards"
+    id: Mapped[str] = _id()
+    rollout_id: Mapped[str] = mapped_column(sa.String(128), nullable=False, index=True)
+    value: Mapped[float] = mapped_column(sa.Float, nullable=False)
+    source: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    verifier_version: Mapped[str | None] = mapped_column(sa.String(128))
+    evidence_blob: Mapped[str | None] = mapped_column(sa.String(64))
+    detail: Mapped[dict | None] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[str] = _id()
+    rollout_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    kind: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    source: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    time: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    detail: Mapped[dict | None] = mapped_column(JsonType)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Exclusion(Base):
+    __tablename__ = "exclusions"
+    id: Mapped[str] = _id()
+    rollout_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    call_id: Mapped[str | None] = mapped_column(sa.String(128))
+    reason: Mapped[str] = mapped_column(sa.String(32), nullable=False, index=True)
+    detail: Mapped[dict | None] = mapped_column(JsonType)
+    export_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+class Export(Base):
+    __tablename__ = "exports"
+    id: Mapped[str] = _id()
+    format: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    query: Mapped[str | None] = mapped_column(StoredText)
+    watermark: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
+    out_dir: Mapped[str | None] = mapped_column(StoredText)
+    manifest: Mapped[dict | None] = mapped_column(JsonType)
+    counts: Mapped[dict | None] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    ingest_seq: Mapped[int] = _seq()
+
+
+def string_limits(table: sa.Table) -> dict[str, int]:
+    """Column name -> the most characters its ``String(n)`` holds (PostgreSQL refuses more, SQLite does not)."""
+    return {c.name: c.type.length for c in table.columns if isinstance(c.type, sa.String) and c.type.length}
+
+
+def int_limits(table: sa.Table) -> dict[str, int]:
+    """Column name -> ``b`` such that PostgreSQL's type holds ``-b <= value < b`` (SQLite holds any 64-bit value)."""
+    return {c.name: 2**63 if isinstance(c.type, sa.BigInteger) else 2**31
+            for c in table.columns if isinstance(c.type, sa.Integer)}
+
+
+class Limits:
+    """What ``table``'s columns (``names`` of them, or all) hold on PostgreSQL, checked before a row is journaled:
+    past them PostgreSQL would refuse the row later, in the writer, where it could only be dead-lettered."""
+
+    def __init__(self, table: sa.Table, names: tuple[str, ...] | None = None):
+        self.strings = tuple((n, most) for n, most in string_limits(table).items() if names is None or n in names)
+        self.ints = tuple((n, bound) for n, bound in int_limits(table).items() if names is None or n in names)
+
+    def check(self, what: str, get) -> None:
+        """InvalidRecord naming the value, the limit and the fix; ``get(name)``: the row's value (None: unset)."""
+        for name, most in self.strings:
+            value = get(name)
+            if value is not None and (not isinstance(value, str) or len(value) > most):
+                shown = str(value)[:48] + ("..." if len(str(value)) > 48 else "")
+                rule = (f"is {len(value)} characters; the store holds at most {most} there: use a shorter {name}"
+                        if isinstance(value, str) else "is not a string")
+                raise InvalidRecord(f"{what} {name} {shown!r} {rule}")
+        for name, bound in self.ints:
+            value = get(name)
+            if isinstance(value, int) and not -bound <= value < bound:
+                raise InvalidRecord(f"{what} {name} {value} is outside the store's range for it ({-bound} to {bound - 1})")

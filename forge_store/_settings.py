@@ -1,0 +1,119 @@
+"""One settings object; the only module that reads the environment.
+
+Every value can be set by an ``OPENFORGE_*`` environment variable or passed explicitly. Nothing is read at
+import time: call :func:`get_settings` (or build :class:`Settings` yourself) when you need them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_", extra="forbid")
+
+    home: Path = Field(
+        default=Path(".openforge"),
+        description="Project-local folder for the embedded store: SQLite file, blobs, journal, snapshots.",
+    )
+    store_url: str | None = Field(
+        default=None,
+        description="Database URL: sqlite:///PATH or postgresql+psycopg://USER@HOST/DB. Default: HOME/store.sqlite.",
+    )
+    blob_dir: Path | None = Field(default=None, description="Blob folder. Default: HOME/blobs.")
+    journal_dir: Path | None = Field(default=None, description="Journal folder. Default: HOME/journal/<name>.")
+    writer_batch_size: int = Field(default=512, ge=1, description="Most journal entries the writer puts in one transaction.")
+    writer_linger_s: float = Field(default=0.005, ge=0, description="How long the writer lets a batch gather.")
+    drain_linger_s: float = Field(
+        default=0.05, ge=0, description="How long a drain process (the proxy's database writer) lets a batch gather; "
+        "a flush wakes it at once.")
+    writer_retry_max_s: float = Field(default=5.0, gt=0, description="Longest back-off between retries while the database is down.")
+    journal_fsync: bool = Field(default=True, description="fsync the journal before acknowledging a write.")
+    auto_upgrade: bool = Field(
+        default=True, description="Create the schema when a store is opened on an empty database."
+    )
+
+    # The recording proxy (``openforge proxy``).
+    proxy_admin_token: str | None = Field(
+        default=None, description="Bearer token for the proxy's /admin API. Default: generated into HOME/proxy-admin-token."
+    )
+    proxy_token_secret: str | None = Field(
+        default=None, description="HMAC secret that signs rollout tokens. Default: generated into HOME/proxy-secret."
+    )
+    proxy_max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest request body the proxy accepts.")
+    proxy_connect_timeout_s: float = Field(default=5.0, gt=0, description="Upstream connect timeout.")
+    proxy_read_timeout_s: float = Field(
+        default=600.0, gt=0, description="Longest silence from the upstream (per read) before the call is a 504."
+    )
+    proxy_journal_fsync: bool = Field(
+        default=False,
+        description="fsync the proxy's journal before answering (survives power loss, costs a disk flush per "
+        "call). Off: a call is in the kernel before its answer's last byte, which survives kill -9.",
+    )
+    proxy_drain_process: bool = Field(
+        default=True, description="Write the proxy's journal into the database from a child process (its event "
+        "loop then only journals); off: from a thread of the proxy's own process.")
+    proxy_redact: list[str] = Field(
+        default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys"],
+        description="Redaction rules applied to everything the proxy stores (names from proxy._redaction.RULES).",
+    )
+    proxy_upstream_api_key: str | None = Field(default=None, description="API key the proxy presents upstream.")
+    proxy_allow_unbound: bool = Field(
+        default=False, description="Accept calls without a rollout token (recorded with no rollout)."
+    )
+    proxy_pause_max_s: float = Field(default=300.0, gt=0, description="Longest a call waits while the proxy is paused.")
+    proxy_responses_mode: Literal["translate", "native"] = Field(
+        default="translate",
+        description="/v1/responses: 'translate' to upstream chat completions with token ids (vLLM, SGLang), or "
+        "'native' to pass through to the upstream's own /v1/responses (hosted teachers; not token-exact).",
+    )
+    proxy_messages_mode: Literal["translate", "native"] = Field(
+        default="translate",
+        description="/v1/messages: 'translate' to upstream chat completions with token ids, or 'native' to pass "
+        "through to the upstream's own /v1/messages (not token-exact).",
+    )
+
+    # The rollout orchestrator (``openforge run``).
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Installs that sandboxes see read-only (npm harnesses, the mini-swe-agent venv). Default: "
+        "/var/cache/openforge as root (bubblewrap runs as nobody and cannot enter /root), else ~/.cache/openforge.",
+    )
+    sandbox_dir: Path | None = Field(
+        default=None, description="Local sandboxes' folders. Default: /var/tmp/openforge/sandboxes as root (bubblewrap "
+        "runs as nobody, which must reach it; a checkout under /root is private), else HOME/sandboxes.")
+    vllm_cpu_cache: Path | None = Field(
+        default=None, description="vLLM CPU environment and SmolLM2 model for `openforge demo` / `openforge train`. "
+        "Default: ~/.cache/openforge/vllm-cpu.")
+
+    def resolved_cache_dir(self) -> Path:
+        import os
+
+        if self.cache_dir:
+            return self.cache_dir
+        return Path("/var/cache/openforge") if os.geteuid() == 0 else Path.home() / ".cache" / "openforge"
+
+    def resolved_sandbox_dir(self) -> Path:
+        import os
+
+        if self.sandbox_dir:
+            return self.sandbox_dir.resolve()
+        return Path("/var/tmp/openforge/sandboxes") if os.geteuid() == 0 else (self.home / "sandboxes").resolve()
+
+    def resolved_store_url(self) -> str:
+        return self.store_url or f"sqlite:///{(self.home / 'store.sqlite').resolve()}"
+
+    def resolved_blob_dir(self) -> Path:
+        return self.blob_dir or self.home / "blobs"
+
+    def resolved_journal_dir(self, name: str = "default") -> Path:
+        return self.journal_dir or self.home / "journal" / name
+
+
+def get_settings(**overrides) -> Settings:
+    """Settings from the environment, with explicit ``overrides`` taking precedence."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

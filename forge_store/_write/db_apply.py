@@ -1,0 +1,145 @@
+"""Apply journaled write operations to the database: one transaction per batch, idempotent by id.
+
+An operation is a dict ``{"k": kind, "r": row, ...}`` exactly as it sits in the journal. Replaying an operation
+that already landed changes nothing (``INSERT ... ON CONFLICT DO NOTHING``; a rollout's finish only applies to a
+rollout not yet finished), so the writer may re-apply any suffix of the journal after a crash.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from .. import _schema as schema
+from .._errors import InvalidRecord
+from .._hashing import canonical_json, sha256_hex
+from .._tokens import compress_packed, pack_ids, pack_logprobs
+
+TABLES: dict[str, sa.Table] = {
+    "task": schema.Task.__table__,
+    "harness": schema.Harness.__table__,
+    "policy_version": schema.PolicyVersion.__table__,
+    "run": schema.Run.__table__,
+    "group": schema.RolloutGroup.__table__,
+    "blob": schema.Blob.__table__,
+    "rollout_start": schema.Rollout.__table__,
+    "call": schema.Call.__table__,
+    "reward": schema.Reward.__table__,
+    "event": schema.Event.__table__,
+    "exclusion": schema.Exclusion.__table__,
+    "export": schema.Export.__table__,
+}
+# Dependency order inside one batch: rows that others point at first, rollout finishes last.
+ORDER = (*TABLES, "rollout_finish")
+
+_counter = schema.IngestCounter.__table__
+_messages = schema.Message.__table__
+_tool_schemas = schema.ToolSchema.__table__
+_rollouts = schema.Rollout.__table__
+
+FINISH_FIELDS = ("outcome", "outcome_detail", "ended_at", "image_digest", "pod_name", "node_name")
+_LIMITS = {kind: schema.Limits(table) for kind, table in {**TABLES, "rollout_finish": _rollouts}.items()}
+
+
+def check_lengths(op: dict) -> None:
+    """InvalidRecord for a value its column cannot hold on PostgreSQL (see ``schema.Limits``)."""
+    limits = _LIMITS.get(op["k"])
+    if limits is not None:
+        noun = "rollout" if op["k"] in ("rollout_start", "rollout_finish") else op["k"].replace("_", " ")
+        limits.check(noun, (op.get("r") or {}).get)
+
+
+def insert_ignore(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(table).on_conflict_do_nothing(), rows)
+
+
+def reserve_seqs(conn: sa.Connection, n: int) -> int:
+    """Take ``n`` ingest sequence numbers; return the first. Holds the counter's row lock until commit."""
+    stmt = (
+        sa.update(_counter)
+        .where(_counter.c.id == 1)
+        .values(value=_counter.c.value + n)
+        .returning(_counter.c.value)
+    )
+    return conn.execute(stmt).scalar_one() - n + 1
+
+
+def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
+    """Write ``ops`` in one transaction (the caller's)."""
+    first = reserve_seqs(conn, len(ops))
+    rows: dict[str, list[dict]] = defaultdict(list)
+    messages: dict[str, dict] = {}
+    tool_schemas: dict[str, dict] = {}
+    for i, op in enumerate(ops):
+        kind, seq = op["k"], first + i
+        if kind == "msgs":  # a call's new message and tool bodies, journaled ahead of it (see CallEncoder.ahead)
+            _bodies(op, seq, messages, tool_schemas)
+            continue
+        if kind == "rollout_finish":
+            rows[kind].append({**op["r"], "finished_seq": seq})
+            continue
+        row = {**op["r"], "ingest_seq": seq}
+        rows[kind].append(row)
+        if kind == "call":
+            _call(op, row, seq, messages)
+            _bodies(op, seq, messages, tool_schemas)
+    insert_ignore(conn, _messages, list(messages.values()))
+    insert_ignore(conn, _tool_schemas, list(tool_schemas.values()))
+    for kind in ORDER:
+        if kind == "rollout_finish":
+            _finish_rollouts(conn, rows[kind])
+        else:
+            insert_ignore(conn, TABLES[kind], rows[kind])
+
+
+def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
+    """What the proxy's loop leaves to this side: token arrays are journaled raw (prompt ids as bytes or text,
+    completion ids and logprobs as lists) and packed here; the answer message is journaled as it came and its
+    canonical body and hash are made here."""
+    row["prompt_ids_tail"] = compress_packed(row.get("prompt_ids_tail"))
+    done = row.get("completion_ids")
+    try:
+        row["completion_ids"] = compress_packed(done) if done is None or isinstance(done, bytes) else pack_ids(done)
+        logprobs = row.get("completion_logprobs")
+        if logprobs is not None and not isinstance(logprobs, bytes):
+            row["completion_logprobs"] = pack_logprobs(logprobs)
+    except (TypeError, ValueError) as exc:  # an id outside uint32 (InvalidRecord is a ValueError), a non-number
+        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored ({exc})") from None
+    answer = op.get("resp")
+    if answer is not None:
+        try:
+            body = canonical_json(answer).decode()
+        except ValueError as exc:
+            raise InvalidRecord(f"call {row.get('id')}: answer message is not storable JSON ({exc})") from None
+        sha = row["response_message_hash"] = sha256_hex(body.encode())
+        messages.setdefault(sha, {"sha256": sha, "role": answer.get("role"), "body": body, "size": len(body),
+                                  "ingest_seq": seq})
+
+
+def _bodies(op: dict, seq: int, messages: dict[str, dict], tool_schemas: dict[str, dict]) -> None:
+    for sha, (role, body) in (op.get("msgs") or {}).items():
+        messages.setdefault(sha, {"sha256": sha, "role": role, "body": body, "size": len(body), "ingest_seq": seq})
+    if op.get("tools"):
+        sha, body = op["tools"]
+        tool_schemas.setdefault(sha, {"sha256": sha, "body": body, "ingest_seq": seq})
+
+
+def _finish_rollouts(conn: sa.Connection, finishes: list[dict]) -> None:
+    """The first finish of a rollout wins; a finish for a rollout never started creates its row."""
+    for f in finishes:
+        stub = {k: v for k, v in f.items() if k not in ("finished_seq",)}
+        stub.update(status="running", ingest_seq=f["finished_seq"])
+        stub.setdefault("started_at", f["ended_at"])
+        insert_ignore(conn, _rollouts, [stub])
+        values = {k: f[k] for k in FINISH_FIELDS if f.get(k) is not None}
+        values.update(status="finished", finished_seq=f["finished_seq"])
+        conn.execute(
+            sa.update(_rollouts)
+            .where(_rollouts.c.id == f["id"], _rollouts.c.finished_seq.is_(None))
+            .values(**values)
+        )

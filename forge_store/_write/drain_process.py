@@ -1,0 +1,143 @@
+"""The store's drain process: applies a journal another process appends to (``forge_store._write.writer.ProcessWriter``).
+
+Run by the writer, not by hand: ``python -m forge_store._write.drain_process --journal DIR ...`` with the database URL in
+``OPENFORGE_DRAIN_URL`` (kept out of the process list). It reads complete records after the journal's checkpoint,
+applies them in batches, reports ``a SEGMENT OFFSET COUNT`` on stdout after each commit (``d 1`` / ``d 0`` when the
+database goes away / comes back, ``x N`` for dead letters) and saves the checkpoint about once a second. Commands on
+stdin: ``f`` apply now, ``q`` apply everything journaled and stop, ``Q`` stop after the current batch. End of input
+means the parent died: stop after the current batch without touching the checkpoint or the segments, which belong
+to whoever opens the journal next (it replays from the checkpoint; applying is idempotent). One drain per journal
+at a time (``DRAIN.lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .._engine import create_engine
+from .journal import JournalTail
+from .writer import BatchApplier, decode
+
+log = logging.getLogger("forge_store._write.drain_process")
+
+
+class Control:
+    """The parent's commands on stdin."""
+
+    def __init__(self, fd: int):
+        self.fd, self.stop, self.wake = fd, None, False  # stop: None, "drain" (q), "now" (Q), "orphan" (end of input)
+
+    @property
+    def halted(self) -> bool:
+        return self.stop in ("now", "orphan")
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a command (returns at once on one)."""
+        if self.halted:
+            return
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0))
+        if not ready:
+            return
+        data = os.read(self.fd, 4096)
+        if not data:
+            self.stop = "orphan"
+            return
+        if b"Q" in data:
+            self.stop = "now"
+        elif b"q" in data:
+            self.stop = self.stop or "drain"
+        if b"f" in data:
+            self.wake = True
+
+
+def say(line: str) -> None:
+    try:
+        os.write(1, line.encode() + b"\n")
+    except BrokenPipeError:
+        pass  # the parent is gone; the stop arrives on stdin
+
+
+def run(journal: Path, url: str, *, batch_size: int, linger_s: float, retry_max_s: float, dead_letter: Path,
+        fsync: bool, checkpoint_every_s: float = 1.0) -> None:
+    lock = os.open(journal / "DRAIN.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a predecessor may still be finishing its batch
+    say("s")
+    engine = create_engine(url)
+    tail, applier, control = JournalTail(journal), BatchApplier(dead_letter, retry_max_s), Control(0)
+    applied, saved, saved_at, down, dead = None, None, time.monotonic(), False, 0
+
+    def wait(delay: float) -> bool:  # while the database is down
+        nonlocal down
+        if not down:
+            down = True
+            say("d 1")
+        control.poll(delay)
+        return not control.halted
+
+    try:
+        while not control.halted:
+            batch = tail.read(batch_size)
+            if not batch:
+                if control.stop == "drain":
+                    break
+                control.wake = False
+                control.poll(linger_s)
+                continue
+            if len(batch) < batch_size and not control.wake and not control.stop:
+                control.poll(linger_s)  # let the batch fill: fewer, larger transactions
+                batch += tail.read(batch_size - len(batch))
+            control.wake = False
+            if not applier.apply(engine, [decode(payload) for _, payload in batch], wait):
+                break
+            applied = batch[-1][0]
+            if down and applier.db_down_since is None:
+                down = False
+                say("d 0")
+            if applier.dead_letters != dead:
+                dead = applier.dead_letters
+                say(f"x {dead}")
+            say(f"a {applied.segment} {applied.offset} {len(batch)}")  # last: a flush waiting on it sees the rest
+            if time.monotonic() - saved_at >= checkpoint_every_s:
+                tail.commit(applied, fsync=fsync)
+                saved, saved_at = applied, time.monotonic()
+    finally:
+        if applied is not None and applied != saved and control.stop != "orphan":
+            tail.commit(applied, fsync=fsync)
+        engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--journal", required=True, type=Path)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--linger", type=float, default=0.05)
+    ap.add_argument("--retry-max", type=float, default=5.0)
+    ap.add_argument("--dead-letter", type=Path)
+    ap.add_argument("--fsync", action="store_true")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    # Draining is background work: the parent answers harnesses, and its latency is what matters. At a lower
+    # priority the drain takes the CPU the parent leaves idle; under a load spike it falls behind and the journal
+    # holds the difference until it catches up.
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    logging.basicConfig(level=logging.WARNING, format="openforge drain: %(message)s", stream=sys.stderr)
+    url = os.environ.get("OPENFORGE_DRAIN_URL")
+    if not url:
+        raise SystemExit("forge_store._write.drain_process: OPENFORGE_DRAIN_URL is not set; this process is started by the store's "
+                         "ProcessWriter, which passes the database URL there")
+    run(args.journal, url, batch_size=args.batch_size, linger_s=args.linger, retry_max_s=args.retry_max,
+        dead_letter=args.dead_letter or args.journal / "dead-letter", fsync=args.fsync)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The learner's commands: ``openforge export`` (and ``export verify MANIFEST``) and ``openforge analyze``.
+
+Declared as entry points in ``pyproject.toml`` (the root discovers them); heavy imports wait until a command runs.
+``analyze`` opens the store read-only (an empty database is reported, never given a schema).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ._report import print_table
+
+export_app = typer.Typer(help="Export training shards (veRL, TRL, SFT) and verify exports.",
+                         invoke_without_command=True)
+console, err = Console(), Console(stderr=True)
+StoreOpt = typer.Option(None, "--store", help="Store URL (default: OPENFORGE_STORE_URL or the SQLite file under "
+                                              "OPENFORGE_HOME).", show_default=False)
+
+
+def _fail(msg: object, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _open(store: str | None, *, read_only: bool = False):
+    from forge_store import StoreError, get_settings, open_store
+
+    settings = get_settings(auto_upgrade=False) if read_only else get_settings()
+    try:
+        return open_store(store or settings.resolved_store_url(), settings=settings)
+    except StoreError as exc:
+        _fail(exc)
+
+
+@export_app.callback()
+def export_command(
+    ctx: typer.Context,
+    format: str = typer.Option("verl", "--format", help="verl | trl | sft"),
+    where: Optional[str] = typer.Option(None, "--where", help="Filter, e.g. \"outcome = 'success' and attempt = 1\" "
+                                        "(see learner/_query.py)."),
+    as_of: Optional[int] = typer.Option(None, "--as-of", help="Watermark to pin (default: the current one)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="New folder for the shards and manifest.json."),
+    max_policy_lag: Optional[int] = typer.Option(None, help="Exclude rollouts this many policy versions stale."),
+    min_group_size: Optional[int] = typer.Option(None, help="Default: each group's target size."),
+    keep_truncated: bool = typer.Option(False, help="Train on completions cut at max_tokens."),
+    no_std: bool = typer.Option(False, "--no-std", help="Dr.GRPO: do not divide advantages by the group std."),
+    store: Optional[str] = typer.Option(None, "--store", help="Store URL."),
+) -> None:
+    """Export training shards; ``export verify MANIFEST`` checks an export against the store."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if out is None:
+        _fail("--out is missing: an export needs a new folder for its shards; pass --out DIR")
+    from forge_store import StoreError
+
+    from ._export import ExportError, export
+    from ._plan import ExportConfig
+    from ._query import QueryError
+
+    st = _open(store)
+    try:
+        cfg = ExportConfig(format=format, where=where, max_policy_lag=max_policy_lag, min_group_size=min_group_size,
+                           keep_truncated=keep_truncated, norm_by_std=not no_std)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err) as bar:
+            task = bar.add_task(f"export {format}", total=None)
+            manifest = export(st, out, cfg, as_of=as_of,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except (ExportError, QueryError, StoreError, ValueError) as exc:
+        _fail(exc)
+    finally:
+        st.close()
+    c = manifest["counts"]
+    console.print(f"export {manifest['export_id']}: {c['rows']} rows from {c['rollouts_exported']} rollouts in "
+                  f"{c['groups']} groups at watermark {manifest['watermark']}; merge rate {manifest['merge_rate']}; "
+                  f"excluded {json.dumps(manifest['exclusions'])} -> {out}")
+
+
+@export_app.command("verify")
+def verify_command(manifest: Path = typer.Argument(..., help="The export's manifest.json."),
+                   store: Optional[str] = typer.Option(None, "--store", help="Store URL.")) -> None:
+    """Re-derive an export from the store and report every file or row that differs."""
+    from ._export import ExportError, verify
+
+    if not manifest.is_file():
+        _fail(f"{manifest}: no such manifest; pass the manifest.json inside an export folder")
+    st = _open(store)
+    try:
+        res = verify(manifest, st)
+    except ExportError as exc:
+        _fail(exc)
+    finally:
+        st.close()
+    if not res["ok"]:
+        for p in res["problems"]:
+            err.print(f"[red]differs:[/] {p}", highlight=False)
+        raise typer.Exit(1)
+    console.print(f"export {res['export_id']} verified: every file matches the store")
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    if rows:
+        print_table(Console(), title, rows)   # a console made now reads the terminal width (COLUMNS) now
+
+
+def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in rows_by_name.items():
+        table = pa.Table.from_pylist(rows) if rows else pa.table({})
+        if kind == "csv":
+            pcsv.write_csv(table, out / f"{name}.csv")
+        else:
+            pq.write_table(table, out / f"{name}.parquet")
+    console.print(f"wrote {', '.join(f'{n}.{kind}' for n in rows_by_name)} to {out}")
+
+
+def analyze_command(
+    store: Optional[str] = StoreOpt,
+    by: str = typer.Option("policy_version", "--by", help="Slice by policy_version | harness | domain."),
+    k: list[int] = typer.Option([1, 5], "--k", help="pass@k / pass^k for these k (repeat: --k 1 --k 5)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only rollouts started on or after this date (YYYY-MM-DD)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Rubric rules as TOML (see learner/_analysis_config.py)."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Also write every table as CSV into this folder."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", help="Also write every table as Parquet into this folder."),
+) -> None:
+    """Behaviour rubrics, pass@k / pass^k, latency, timeout / infra-error / exclusion rates per slice."""
+    from ._analysis import SLICES, AnalysisError, analyze
+    from ._analysis_config import RubricConfig, RubricConfigError
+
+    if by not in SLICES:
+        _fail(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
+    start = None
+    if since:
+        try:
+            start = datetime.fromisoformat(since).replace(tzinfo=timezone.utc)
+        except ValueError:
+            _fail(f"--since {since!r} is not a date: write it as YYYY-MM-DD")
+    try:
+        cfg = RubricConfig.from_toml(config) if config else RubricConfig()
+    except RubricConfigError as exc:
+        _fail(exc)
+    st = _open(store, read_only=True)
+    try:
+        report = analyze(st, by=by, ks=tuple(k), config=cfg, since=start)
+    except AnalysisError as exc:
+        _fail(exc)
+    finally:
+        st.close()
+    if not report["summary"]:
+        _fail(f"{st.url} has no finished rollouts{' since ' + since if since else ''}: nothing to analyze. Record "
+              "rollouts first, or point --store at another store.", code=1)
+    _print_rows(f"Outcomes by {by}", report["summary"])
+    _print_rows(f"Behaviour by {by}", report["behaviour"])
+    _print_rows(f"Tool-call share by category and {by}", report["categories"])
+    _print_rows(f"Exclusions by reason and {by}", report["exclusions"])
+    if csv:
+        _write(report, csv, "csv")
+    if parquet:
+        _write(report, parquet, "parquet")

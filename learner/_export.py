@@ -1,0 +1,233 @@
+"""Reproducible exports: shards streamed with pyarrow, then an OpenLineage event, then ``manifest.json`` LAST.
+
+Byte-identity (invariant 5): rows come in (group, rollout, segment) order; Parquet settings are fixed (zstd level
+3, fixed row groups, no timestamps; only the format version in the schema metadata); the export id is the hash of
+store id + watermark + config, so a re-run writes the same manifest and the same exclusion rows (idempotent ids).
+The OpenLineage event's ``eventTime`` is the latest ``ended_at`` of the exported rollouts (data time, not wall
+time), for the same reason. ``verify`` re-derives everything into a temporary folder and compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forge_store import Store, canonical_json
+
+from ._formats import get_exporter
+from ._plan import Exclusion, ExportConfig, Planner
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+OPENLINEAGE = "openlineage.json"
+
+
+class ExportError(ValueError):
+    pass
+
+
+class ShardWriter:
+    """Rows of one schema into ``{prefix}-00000.parquet``, ... with bounded memory (one row group buffered)."""
+
+    def __init__(self, out: Path, prefix: str, schema: pa.Schema, fmt: str, cfg: ExportConfig):
+        self.out, self.prefix, self.cfg = out, prefix, cfg
+        self.schema = schema.with_metadata({"openforge.format": fmt, "openforge.format_version": str(FORMAT_VERSION)})
+        self.buf: list[dict] = []
+        self.files: list[tuple[str, int]] = []
+        self.writer: pq.ParquetWriter | None = None
+        self.in_shard = 0
+
+    def add(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.buf.append(row)
+            if len(self.buf) >= self.cfg.row_group_rows:
+                self._flush()
+
+    def _flush(self) -> None:
+        while self.buf:
+            if self.writer is None:
+                name = f"{self.prefix}-{len(self.files):05d}.parquet"
+                self.writer = pq.ParquetWriter(self.out / name, self.schema, compression="zstd", compression_level=3,
+                                               version="2.6", use_dictionary=False, write_statistics=True)
+                self.files.append((name, 0))
+                self.in_shard = 0
+            take = min(len(self.buf), self.cfg.rows_per_shard - self.in_shard)
+            self.writer.write_table(pa.Table.from_pylist(self.buf[:take], schema=self.schema))
+            self.buf = self.buf[take:]
+            self.in_shard += take
+            self.files[-1] = (self.files[-1][0], self.in_shard)
+            if self.in_shard >= self.cfg.rows_per_shard:
+                self.writer.close()
+                self.writer = None
+
+    def close(self) -> list[tuple[str, int]]:
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+        return self.files
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _software() -> dict:
+    out = {"python": ".".join(map(str, sys.version_info[:3])), "pyarrow": pa.__version__}
+    try:
+        out["openforge"] = metadata.version("openforge")
+    except metadata.PackageNotFoundError:
+        out["openforge"] = None
+    return out
+
+
+def export_id_for(store_id: str, watermark: int, cfg: ExportConfig) -> str:
+    return hashlib.sha256(canonical_json({"store": store_id, "watermark": watermark,
+                                          "config": cfg.to_json()})).hexdigest()[:32]
+
+
+def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | None = None, record: bool = True,
+           progress: Callable[[int, int], None] | None = None) -> dict:
+    """Write an export of ``cfg.format`` into ``out`` (created; must be empty) and return its manifest."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(f"--out {out}: the folder is not empty; an export owns its folder. Pick a new folder "
+                          "or remove this one.")
+    out.mkdir(parents=True, exist_ok=True)
+    wm = store.watermark() if as_of is None else as_of
+    if wm > store.watermark():
+        raise ExportError(f"--as-of {wm}: the store's watermark is only {store.watermark()}; pin to a watermark "
+                          "the store has reached (openforge store info)")
+    exporter = get_exporter(cfg.format)
+    export_id = export_id_for(store.store_id, wm, cfg)
+
+    def on_exclusion(e: Exclusion) -> None:
+        if record:
+            eid = hashlib.sha256(f"{export_id}|{e.reason}|{e.rollout_id}|{e.call_id}".encode()).hexdigest()[:32]
+            store.add_exclusion(e.reason, rollout_id=e.rollout_id, call_id=e.call_id, detail=e.detail,
+                                export_id=export_id, id=eid)
+
+    planner = Planner(store, cfg, wm, on_exclusion)
+    writers = {p: ShardWriter(out, p, s, cfg.format, cfg) for p, s in exporter.schemas.items()}
+    lineage: dict[str, set] = {k: set() for k in ("harnesses", "image_digests", "policy_versions",
+                                                  "tool_schema_hashes", "verifier_versions", "reward_sources")}
+    rows = {p: 0 for p in writers}
+    done, data_time, exported_rollouts = 0, None, 0
+    for plan in planner:
+        for prefix, batch in exporter.rows(plan, planner).items():
+            writers[prefix].add(batch)
+            rows[prefix] += len(batch)
+            for row in batch:
+                for key, col in (("image_digests", "image_digest"), ("policy_versions", "policy_version_id"),
+                                 ("verifier_versions", "verifier_version"), ("reward_sources", "reward_source")):
+                    if row.get(col) is not None:
+                        lineage[key].add(row[col])
+                lineage["tool_schema_hashes"].update(row.get("tool_schema_hashes") or ())
+                if row.get("harness_id"):
+                    h = planner.harnesses.get(row["harness_id"], {})
+                    lineage["harnesses"].add(f"{h.get('name', row['harness_id'])}@{h.get('version')}")
+        for rp in plan.rollouts:
+            exported_rollouts += 1
+            if rp.info.ended_at is not None and (data_time is None or rp.info.ended_at > data_time):
+                data_time = rp.info.ended_at
+        done += len(plan.rollouts)
+        if progress:
+            progress(done, planner.total)
+    files = []
+    for w in writers.values():
+        for name, n in w.close():
+            files.append({"path": name, "rows": n})
+    t = planner.tally
+    event = _openlineage(export_id, store.store_id, wm, cfg, data_time, [f["path"] for f in files])
+    (out / OPENLINEAGE).write_bytes(canonical_json(event) + b"\n")
+    files.append({"path": OPENLINEAGE, "rows": None})
+    for f in files:
+        f["sha256"], f["bytes"] = _sha256(out / f["path"]), (out / f["path"]).stat().st_size
+    manifest = {
+        "kind": "openforge.export", "format_version": FORMAT_VERSION, "export_id": export_id, "format": cfg.format,
+        "store_id": store.store_id, "watermark": wm, "query": cfg.where, "config": cfg.to_json(),
+        "counts": {"rollouts_seen": t.rollouts_seen, "unfinished": t.unfinished, "rollouts_exported": exported_rollouts,
+                   "groups": t.groups, "singleton_groups": t.singleton_groups, "all_equal_groups": t.all_equal_groups,
+                   "calls": t.calls, "merged_calls": t.merged, "rows": rows},
+        "merge_rate": round(t.merged / t.calls, 6) if t.calls and planner.token_level else None,
+        "exclusions": dict(sorted(t.exclusions.items())),
+        "files": sorted(files, key=lambda f: f["path"]),
+        "lineage": {k: sorted(v) for k, v in lineage.items()}, "software": _software(),
+    }
+    (out / MANIFEST).write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
+    if record:
+        store.record_export(export_id, format=cfg.format, watermark=wm, query=cfg.where, out_dir=str(out),
+                            manifest=manifest, counts=manifest["counts"])
+    return manifest
+
+
+def _openlineage(export_id: str, store_id: str, wm: int, cfg: ExportConfig, data_time, files: list[str]) -> dict:
+    return {
+        "eventType": "COMPLETE",
+        "eventTime": data_time.isoformat() if data_time else "1970-01-01T00:00:00+00:00",
+        "producer": "https://github.com/openforge/openforge/learner",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+        "run": {"runId": str(uuid.UUID(export_id)), "facets": {}},
+        "job": {"namespace": "openforge", "name": f"export.{cfg.format}", "facets": {}},
+        "inputs": [{"namespace": "openforge-store", "name": store_id,
+                    "facets": {"openforge_watermark": {"watermark": wm, "query": cfg.where}}}],
+        "outputs": [{"namespace": "openforge-export", "name": f"{export_id}/{f}"} for f in files],
+    }
+
+
+def _row_diff(a: Path, b: Path) -> str:
+    ta, tb = pq.read_table(a).to_pylist(), pq.read_table(b).to_pylist()
+    bad = [i for i in range(max(len(ta), len(tb))) if i >= len(ta) or i >= len(tb) or ta[i] != tb[i]]
+    first = ta[bad[0]] if bad and bad[0] < len(ta) else None
+    where = f" (first at row {bad[0]}, key {first.get('key') or first.get('rollout_id')})" if first else ""
+    return f"{len(bad)} of {len(tb)} rows differ{where}" if bad else "same rows, different bytes"
+
+
+def verify(manifest_path: Path | str, store: Store) -> dict:
+    """Check the files against the manifest's hashes, then re-derive the export from the store and compare.
+
+    Returns ``{"ok": bool, "problems": [str, ...]}``; each problem names the file and what differs.
+    """
+    manifest_path = Path(manifest_path)
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ExportError(f"{manifest_path}: manifest format_version {manifest.get('format_version')!r}; this "
+                          f"openforge reads version {FORMAT_VERSION}. Verify with the version that wrote it.")
+    if manifest["store_id"] != store.store_id:
+        raise ExportError(f"{manifest_path}: exported from store {manifest['store_id']}, but --store is "
+                          f"{store.store_id}; pass the store the export came from")
+    folder, problems = manifest_path.parent, []
+    for f in manifest["files"]:
+        p = folder / f["path"]
+        if not p.exists():
+            problems.append(f"{f['path']}: missing")
+        elif _sha256(p) != f["sha256"]:
+            problems.append(f"{f['path']}: sha256 differs from the manifest (file changed on disk)")
+    with tempfile.TemporaryDirectory() as tmp:
+        again = export(store, Path(tmp) / "x", ExportConfig.from_json(manifest["config"]),
+                       as_of=manifest["watermark"], record=False)
+        ours = {f["path"]: f for f in again["files"]}
+        for f in manifest["files"]:
+            g = ours.pop(f["path"], None)
+            if g is None:
+                problems.append(f"{f['path']}: the store no longer derives this file")
+            elif g["sha256"] != f["sha256"]:
+                detail = _row_diff(Path(tmp) / "x" / f["path"], folder / f["path"]) if (
+                    f["path"].endswith(".parquet") and (folder / f["path"]).exists()) else "content differs"
+                problems.append(f"{f['path']}: re-derived from the store it differs: {detail}")
+        problems += [f"{p}: the store now derives a file the manifest lacks" for p in sorted(ours)]
+        if again["exclusions"] != manifest["exclusions"]:
+            problems.append(f"exclusions differ: manifest {manifest['exclusions']}, store {again['exclusions']}")
+    return {"ok": not problems, "problems": problems, "export_id": manifest["export_id"]}

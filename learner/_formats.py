@@ -1,0 +1,178 @@
+"""Exporters: how a planned group becomes rows of each trainer's format. Registered under short names.
+
+* ``verl``: ``trajectories-*.parquet`` (veRL AgentLoopOutput fields + ``advantage`` + lineage; key
+  ``{uid}_{session}_{index}`` = group, rollout, segment) and ``rl_prompts-*.parquet`` (one row per group:
+  data_source, prompt, reward_model, extra_info, agent_name).
+* ``trl``: ``samples-*.parquet`` with rollout_func's prompt_ids, completion_ids, logprobs, env_mask.
+* ``sft``: ``conversations-*.parquet``, chat messages as JSON; accepts calls that are not token-exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Protocol
+
+import pyarrow as pa
+
+from forge_store import StoredCall
+
+from ._plan import GroupPlan, Planner, RolloutPlan
+from ._reconstruct import call_problem
+
+_ints = pa.list_(pa.int32())
+_strs = pa.list_(pa.string())
+LINEAGE_FIELDS = [
+    pa.field("group_id", pa.string()), pa.field("rollout_id", pa.string()), pa.field("task_id", pa.string()),
+    pa.field("call_ids", _strs), pa.field("harness_id", pa.string()), pa.field("image_digest", pa.string()),
+    pa.field("policy_version_id", pa.string()), pa.field("tool_schema_hashes", _strs),
+    pa.field("reward_id", pa.string()), pa.field("reward_source", pa.string()),
+    pa.field("verifier_version", pa.string()), pa.field("image_hashes", _strs),
+]
+
+
+def key_part(value: str) -> str:
+    """An id usable inside a veRL key: unchanged unless it holds ``_``, then ``h`` + 24 hex of its sha256."""
+    return value if "_" not in value else "h" + hashlib.sha256(value.encode()).hexdigest()[:24]
+
+
+def _lineage(rp: RolloutPlan, call_ids: list[str], schemas: list[str], images: list[str]) -> dict:
+    i, r = rp.info, rp.reward
+    return dict(group_id=i.group_id, rollout_id=i.id, task_id=i.task_id, call_ids=call_ids, harness_id=i.harness_id,
+                image_digest=i.image_digest, policy_version_id=i.policy_version_id, tool_schema_hashes=schemas,
+                reward_id=r.id if r else None, reward_source=r.source if r else None,
+                verifier_version=r.verifier_version if r else None, image_hashes=images)
+
+
+def _segments(plan: GroupPlan, gamma: float):
+    for rp in plan.rollouts:
+        for idx, (seg, rew, adv) in enumerate(zip(rp.recon.segments, rp.segment_rewards(gamma),
+                                                  rp.segment_advantages(gamma))):
+            yield rp, idx, seg, rew, adv
+
+
+class Exporter(Protocol):
+    name: str
+    schemas: dict[str, pa.Schema]  # file prefix -> Arrow schema
+
+    def rows(self, plan: GroupPlan, planner: Planner) -> dict[str, list[dict]]: ...
+
+
+class VerlExporter:
+    name = "verl"
+    schemas = {
+        "rl_prompts": pa.schema([
+            pa.field("data_source", pa.string()),
+            pa.field("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            pa.field("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            pa.field("extra_info", pa.struct([("index", pa.int64()), ("uid", pa.string()), ("group_id", pa.string()),
+                                              ("task_id", pa.string())])),
+            pa.field("agent_name", pa.string()),
+        ]),
+        "trajectories": pa.schema([
+            pa.field("key", pa.string()), pa.field("uid", pa.string()), pa.field("session", pa.string()),
+            pa.field("index", pa.int32()), pa.field("prompt_ids", _ints), pa.field("response_ids", _ints),
+            pa.field("response_mask", pa.list_(pa.int8())), pa.field("response_logprobs", pa.list_(pa.float32())),
+            pa.field("reward_score", pa.float64()), pa.field("advantage", pa.float64()),
+            pa.field("num_turns", pa.int32()), *LINEAGE_FIELDS,
+        ]),
+    }
+
+    def __init__(self) -> None:
+        self.n_prompts = 0
+
+    def rows(self, plan: GroupPlan, planner: Planner) -> dict[str, list[dict]]:
+        traj = []
+        for rp, idx, seg, rew, adv in _segments(plan, planner.cfg.gamma):
+            uid, session = key_part(plan.key), key_part(rp.info.id)
+            traj.append(dict(key=f"{uid}_{session}_{idx}", uid=uid, session=session, index=idx,
+                             prompt_ids=seg.prompt_ids, response_ids=seg.response_ids,
+                             response_mask=seg.response_mask, response_logprobs=seg.response_logprobs,
+                             reward_score=rew, advantage=adv, num_turns=seg.num_turns,
+                             **_lineage(rp, seg.call_ids, seg.tool_schema_hashes, seg.image_hashes)))
+        if not traj:
+            return {"trajectories": []}
+        first = next(rp for rp in plan.rollouts if rp.calls)
+        task = planner.tasks.get(first.info.task_id or "", {})
+        harness = planner.harnesses.get(first.info.harness_id or "", {})
+        prompt = [{"role": str(m.get("role")), "content": m["content"] if isinstance(m.get("content"), str)
+                   else json.dumps(m.get("content"), sort_keys=True)} for m in first.calls[0].messages]
+        self.n_prompts += 1
+        return {"trajectories": traj, "rl_prompts": [dict(
+            data_source=task.get("source") or task.get("domain") or "openforge", prompt=prompt,
+            reward_model={"style": "openforge", "ground_truth": task.get("verifier_hash")},
+            extra_info={"index": self.n_prompts - 1, "uid": key_part(plan.key), "group_id": plan.key,
+                        "task_id": first.info.task_id},
+            agent_name=harness.get("name"))]}
+
+
+class TrlExporter:
+    name = "trl"
+    schemas = {"samples": pa.schema([
+        pa.field("prompt_ids", _ints), pa.field("completion_ids", _ints), pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("env_mask", pa.list_(pa.int8())), pa.field("reward", pa.float64()), pa.field("advantage", pa.float64()),
+        pa.field("segment_index", pa.int32()), *LINEAGE_FIELDS,
+    ])}
+
+    def rows(self, plan: GroupPlan, planner: Planner) -> dict[str, list[dict]]:
+        return {"samples": [dict(prompt_ids=seg.prompt_ids, completion_ids=seg.response_ids,
+                                 logprobs=seg.response_logprobs, env_mask=seg.response_mask, reward=rew,
+                                 advantage=adv, segment_index=idx,
+                                 **_lineage(rp, seg.call_ids, seg.tool_schema_hashes, seg.image_hashes))
+                            for rp, idx, seg, rew, adv in _segments(plan, planner.cfg.gamma)]}
+
+
+def assistant_message(call: StoredCall) -> dict:
+    """The answer as chat history carries it (the store keeps the proxy's ``response``: text, tool_calls, reasoning)."""
+    resp = call.response or {}
+    msg = {"role": "assistant", "content": resp.get("text")}
+    if resp.get("tool_calls"):
+        msg["tool_calls"] = resp["tool_calls"]
+    if resp.get("reasoning"):
+        msg["reasoning_content"] = resp["reasoning"]
+    return msg
+
+
+class SftExporter:
+    """Message-level reconstruction: a call extends the conversation when its messages start with the previous
+    call's messages + answer (compared by content hash); otherwise the conversation so far becomes a row."""
+
+    name = "sft"
+    schemas = {"conversations": pa.schema([
+        pa.field("messages", pa.string()), pa.field("tools", pa.string()), pa.field("reward", pa.float64()),
+        pa.field("token_exact", pa.bool_()), pa.field("segment_index", pa.int32()), *LINEAGE_FIELDS,
+    ])}
+
+    def rows(self, plan: GroupPlan, planner: Planner) -> dict[str, list[dict]]:
+        out = []
+        for rp in plan.rollouts:
+            convs: list[tuple[list[StoredCall], list[dict], list[str]]] = []
+            for c in rp.calls:
+                problem = call_problem(c, keep_truncated=planner.cfg.keep_truncated)
+                if problem is not None and problem.reason != "not_token_exact":
+                    continue
+                msgs = c.messages + [assistant_message(c)]
+                hashes = c.message_hashes + [c.response_message_hash or ""]
+                if convs and c.message_hashes[: len(convs[-1][2])] == convs[-1][2]:
+                    convs[-1] = (convs[-1][0] + [c], msgs, hashes)
+                else:
+                    convs.append(([c], msgs, hashes))
+            for idx, (calls, msgs, _) in enumerate(convs):
+                schemas = sorted({c.tool_schema_hash for c in calls if c.tool_schema_hash})
+                images = sorted({h for c in calls for h in (c.image_hashes or ())})
+                out.append(dict(messages=json.dumps(msgs, sort_keys=True, ensure_ascii=False),
+                                tools=json.dumps(calls[-1].tools, sort_keys=True) if calls[-1].tools else None,
+                                reward=rp.reward.value if rp.reward else None,
+                                token_exact=all(c.token_exact for c in calls), segment_index=idx,
+                                **_lineage(rp, [c.id for c in calls], schemas, images)))
+        return {"conversations": out}
+
+
+EXPORTERS = {"verl": VerlExporter, "trl": TrlExporter, "sft": SftExporter}
+
+
+def get_exporter(name: str) -> Exporter:
+    try:
+        return EXPORTERS[name]()
+    except KeyError:
+        raise ValueError(f"--format {name!r} unknown: use one of {', '.join(EXPORTERS)}") from None

@@ -1,0 +1,5 @@
+"""``python -m openforge``: the ``openforge`` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,182 @@
+"""OpenAI ``/v1/chat/completions``: ask the engine for token ids, record them, hand back what the client asked for.
+
+Upstream dialects: ``vllm`` (``return_token_ids``: top-level ``prompt_token_ids``, per-choice ``token_ids``; in
+streams prompt ids on the first chunk, ids per chunk), ``sglang`` (``return_prompt_token_ids``; completion ids as
+``logprobs.content[].token_id``) and ``openai`` (a hosted API: nothing added, calls are not token-exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import ProxyError
+from .._record import Completion
+
+PATH = "/v1/chat/completions"
+SURFACE = "chat.completions"
+DIALECTS = ("vllm", "sglang", "openai")
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What the client itself asked for; everything else the proxy added is stripped from its answer."""
+
+    token_ids: bool
+    logprobs: bool
+    usage_chunk: bool
+
+    @property
+    def everything(self) -> bool:
+        return self.token_ids and self.logprobs and self.usage_chunk
+
+
+def validate(body: dict) -> None:
+    if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
+        raise ProxyError(400, "'messages' must be a list of message objects", param="messages", code="invalid_messages")
+
+
+def prepare(body: dict, dialect: str) -> tuple[dict, Wants]:
+    stream_opts = body.get("stream_options") or {}
+    wants = Wants(
+        token_ids=bool(body.get("return_token_ids") or body.get("return_prompt_token_ids")),
+        logprobs=bool(body.get("logprobs")),
+        usage_chunk=bool(stream_opts.get("include_usage")),
+    )
+    up = dict(body)
+    if dialect == "vllm":
+        up["return_token_ids"] = True
+        up["logprobs"] = True
+    elif dialect == "sglang":
+        up["return_prompt_token_ids"] = True
+        up["logprobs"] = True
+    if body.get("stream"):
+        up["stream_options"] = {**stream_opts, "include_usage": True}
+    return up, wants
+
+
+def _logprob_values(logprobs) -> tuple[list[float] | None, list[int] | None]:
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None, None
+    values = [c.get("logprob") for c in content]
+    ids = [c["token_id"] for c in content if "token_id" in c]
+    return values, (ids if len(ids) == len(content) else None)
+
+
+def parse(data: dict) -> Completion:
+    choices = data.get("choices") or []
+    first = choices[0] if choices else {}
+    msg = first.get("message") or {}
+    values, lp_ids = _logprob_values(first.get("logprobs"))
+    comp = Completion(
+        text=msg.get("content"),
+        tool_calls=msg.get("tool_calls") or [],
+        reasoning=msg.get("reasoning_content") or msg.get("reasoning"),
+        finish_reason=first.get("finish_reason"),
+        prompt_token_ids=data.get("prompt_token_ids") or first.get("prompt_token_ids"),
+        completion_token_ids=first.get("token_ids") if first.get("token_ids") is not None else lp_ids,
+        logprobs=values,
+        usage=data.get("usage"),
+    )
+    for extra in choices[1:]:
+        vals, ids = _logprob_values(extra.get("logprobs"))
+        comp.extra_choices.append({"index": extra.get("index"), "message": extra.get("message"),
+                                   "finish_reason": extra.get("finish_reason"),
+                                   "token_ids": extra.get("token_ids", ids), "logprobs": vals})
+    return comp
+
+
+def _strip_choice(choice: dict, wants: Wants) -> None:
+    if not wants.token_ids:
+        choice.pop("token_ids", None)
+        choice.pop("prompt_token_ids", None)
+    if not wants.logprobs:
+        choice["logprobs"] = None
+
+
+def strip(data: dict, wants: Wants) -> dict:
+    if not wants.token_ids:
+        data.pop("prompt_token_ids", None)
+    for choice in data.get("choices") or []:
+        _strip_choice(choice, wants)
+    return data
+
+
+class StreamState:
+    """Assembles a streamed answer chunk by chunk while each chunk goes on to the client at once."""
+
+    def __init__(self, wants: Wants):
+        self.wants = wants
+        self.comp = Completion(completion_token_ids=[], logprobs=[])
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._tools: dict[int, dict] = {}
+        self.saw_ids = False
+        self.first_token = False
+
+    def feed(self, chunk: dict) -> dict | None:
+        """Record ``chunk``; return what the client should get (None: drop it, it was only for the proxy)."""
+        c = self.comp
+        if chunk.get("prompt_token_ids") is not None:
+            c.prompt_token_ids = chunk["prompt_token_ids"]
+        if chunk.get("usage"):
+            c.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            if choice.get("index", 0) != 0:
+                continue
+            self._feed_choice(choice)
+        if not choices and chunk.get("usage") and not self.wants.usage_chunk:
+            return None
+        if self.wants.everything:
+            return chunk
+        if not self.wants.token_ids:
+            chunk.pop("prompt_token_ids", None)
+        for choice in choices:
+            _strip_choice(choice, self.wants)
+        return chunk
+
+    def _feed_choice(self, choice: dict) -> None:
+        c = self.comp
+        if choice.get("prompt_token_ids") is not None:
+            c.prompt_token_ids = choice["prompt_token_ids"]
+        ids = choice.get("token_ids")
+        values, lp_ids = _logprob_values(choice.get("logprobs"))
+        if ids is None:
+            ids = lp_ids
+        if ids:
+            self.saw_ids = True
+            c.completion_token_ids.extend(ids)
+            self.first_token = True
+        if values:
+            c.logprobs.extend(values)
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            self._text.append(delta["content"])
+            self.first_token = True
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if reasoning:
+            self._reasoning.append(reasoning)
+            self.first_token = True
+        for tc in delta.get("tool_calls") or []:
+            self.first_token = True
+            slot = self._tools.setdefault(tc.get("index", 0), {"id": None, "type": "function",
+                                                                "function": {"name": "", "arguments": ""}})
+            if tc.get("id"):
+                slot["id"] = tc["id"]
+            fn = tc.get("function") or {}
+            slot["function"]["name"] += fn.get("name") or ""
+            slot["function"]["arguments"] += fn.get("arguments") or ""
+        if choice.get("finish_reason"):
+            c.finish_reason = choice["finish_reason"]
+
+    def result(self) -> Completion:
+        c = self.comp
+        c.text = "".join(self._text) if self._text else None
+        c.reasoning = "".join(self._reasoning) if self._reasoning else None
+        c.tool_calls = [self._tools[i] for i in sorted(self._tools)]
+        if not self.saw_ids:
+            c.completion_token_ids = None
+        if not c.logprobs:
+            c.logprobs = None
+        return c

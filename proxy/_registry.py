@@ -1,0 +1,128 @@
+"""Which rollouts may call, under which policy version, and whether calls may start now.
+
+Rollouts are registered by the orchestrator through the admin API and get a signed token. A token works while
+its rollout is open: ending the rollout (or the store saying it finished) closes it. After a proxy restart the
+registry rebuilds a rollout from the store on its first call, so harnesses keep working across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from forge_store import NotFound, Store
+
+from ._auth import TokenSigner
+from ._errors import ProxyError, unauthorized
+from ._record import PromptCache
+
+
+@dataclass
+class Binding:
+    rollout_id: str | None
+    prompts: PromptCache = field(default_factory=PromptCache)
+    first_call_by_request: OrderedDict = field(default_factory=OrderedDict)
+    last_seq: int = 0
+    ended: bool = False
+
+    def next_seq(self) -> int:
+        """Calls are ordered by start time; strictly increasing even if the clock steps back."""
+        self.last_seq = max(self.last_seq + 1, time.time_ns())
+        return self.last_seq
+
+    def retry_of(self, request_hash: str, call_id: str) -> str | None:
+        """The first call with this exact request in the rollout, if this one repeats it."""
+        first = self.first_call_by_request.get(request_hash)
+        if first is None:
+            self.first_call_by_request[request_hash] = call_id
+            if len(self.first_call_by_request) > 4096:
+                self.first_call_by_request.popitem(last=False)
+        return first
+
+
+class Registry:
+    def __init__(self, store: Store, signer: TokenSigner, *, allow_unbound: bool = False, pause_max_s: float = 300):
+        self.store, self.signer, self.allow_unbound, self.pause_max_s = store, signer, allow_unbound, pause_max_s
+        self._open: dict[str, Binding] = {}
+        self._ended: set[str] = set()
+        self._unbound = Binding(None)
+        self.policy_version: str | None = None
+        self._running = asyncio.Event()
+        self._running.set()
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- rollouts -----------------------------------------------------------------------------------------
+    def register(self, rollout_id: str, ttl_s: float | None = None) -> tuple[Binding, str]:
+        if rollout_id in self._ended:
+            raise ProxyError(409, f"rollout {rollout_id!r} has ended; register a new rollout id for a new attempt",
+                             code="rollout_ended")
+        binding = self._open.setdefault(rollout_id, Binding(rollout_id))
+        return binding, self.signer.issue(rollout_id, ttl_s)
+
+    def end(self, rollout_id: str) -> bool:
+        self._ended.add(rollout_id)
+        return self._open.pop(rollout_id, None) is not None
+
+    async def authorize(self, token: str | None) -> Binding:
+        if not token:
+            if self.allow_unbound:
+                return self._unbound
+            raise unauthorized("no API key: pass the rollout token as the API key (Authorization: Bearer or "
+                               "x-api-key) or in the path /r/{token}/v1/...")
+        rollout_id = self.signer.verify(token)
+        if rollout_id in self._ended:
+            raise unauthorized(f"rollout {rollout_id!r} has ended; its token no longer works")
+        binding = self._open.get(rollout_id)
+        if binding is None:
+            binding = await self._recover(rollout_id)
+        return binding
+
+    async def _recover(self, rollout_id: str) -> Binding:
+        """A valid token for a rollout this process does not know: it was registered before a restart."""
+        try:
+            info = await asyncio.to_thread(self.store.rollout, rollout_id)
+        except NotFound:
+            raise unauthorized(f"rollout {rollout_id!r} is not registered with this proxy") from None
+        if info.status == "finished":
+            self._ended.add(rollout_id)
+            raise unauthorized(f"rollout {rollout_id!r} has ended; its token no longer works")
+        return self._open.setdefault(rollout_id, Binding(rollout_id))
+
+    # ---- pause / drain ------------------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no call is in flight (new calls wait while paused). False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def enter(self) -> None:
+        """Admit one call: wait while paused (weights are changing), then count it in flight."""
+        if not self._running.is_set():
+            try:
+                await asyncio.wait_for(self._running.wait(), self.pause_max_s)
+            except asyncio.TimeoutError:
+                raise ProxyError(503, f"the proxy has been paused for over {self.pause_max_s:.0f}s (a weight update?); "
+                                      "retry later", type="server_error", code="paused") from None
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()

@@ -1,0 +1,37 @@
+"""`oracle`: runs the task's own ``solution/solve.sh`` instead of a model (checks that a task is solvable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._backends.base import PhaseResult
+from .base import HarnessExit, Launch, LaunchContext
+
+
+class OracleHarness:
+    name = "oracle"
+    needs_solution = True
+
+    def __init__(self, *, cache_dir: Path):
+        pass
+
+    def is_installed(self) -> bool:
+        return Path("/usr/bin/bash").exists() or Path("/bin/bash").exists()
+
+    def install_hint(self) -> str:
+        return "the oracle harness runs solution/solve.sh with bash: apt-get install -y bash"
+
+    def version(self) -> str:
+        return "1.0"
+
+    def config(self) -> dict:
+        return {}
+
+    def launch(self, ctx: LaunchContext) -> Launch:
+        return Launch(argv=("bash", "/solution/solve.sh"))
+
+    def classify(self, result: PhaseResult) -> HarnessExit:
+        if result.exit_code == 0:
+            return HarnessExit("finished")
+        return HarnessExit("error", f"solve.sh exit code {result.exit_code}: "
+                                    f"{result.stderr[-2000:].decode(errors='replace')}")

@@ -1,0 +1,56 @@
+"""Adapter for the reference `react` harness (``react_agent.py``, stdlib only, run by the sandbox's python3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._backends.base import Mount, PhaseResult
+from .base import HarnessExit, Launch, LaunchContext
+
+SCRIPT = "/opt/openforge/harness/react_agent.py"
+VERSION = "1.0"
+
+
+class ReactHarness:
+    name = "react"
+
+    def __init__(self, *, cache_dir: Path, python: str = "/usr/bin/python3", max_turns: int = 30,
+                 max_tokens: int | None = None, temperature: float | None = None):
+        self.python, self.max_turns, self.max_tokens, self.temperature = python, max_turns, max_tokens, temperature
+
+    def is_installed(self) -> bool:
+        return Path(self.python).exists()
+
+    def install_hint(self) -> str:
+        return f"the react harness runs under {self.python}: install python3 (apt-get install -y python3)"
+
+    def version(self) -> str:
+        return VERSION
+
+    def config(self) -> dict:
+        return {"max_turns": self.max_turns, "max_tokens": self.max_tokens, "temperature": self.temperature}
+
+    def launch(self, ctx: LaunchContext) -> Launch:
+        instruction = f"{ctx.home}/instruction.md"
+        argv = [self.python, SCRIPT, "--base-url", ctx.base_url, "--model", ctx.model, "--instruction-file",
+                instruction, "--max-turns", str(ctx.max_turns or self.max_turns)]
+        if self.max_tokens:
+            argv += ["--max-tokens", str(self.max_tokens)]
+        if self.temperature is not None:
+            argv += ["--temperature", str(self.temperature)]
+        return Launch(argv=tuple(argv), env={"OPENAI_API_KEY": ctx.token},
+                      mounts=(Mount(Path(__file__).with_name("react_agent.py"), SCRIPT),),
+                      files=((instruction, ctx.instruction.encode(), 0o644),))
+
+    def classify(self, result: PhaseResult) -> HarnessExit:
+        code = result.exit_code
+        tail = result.stderr[-2000:].decode(errors="replace")
+        if code == 0:
+            return HarnessExit("finished")
+        if code == 3:
+            return HarnessExit("finished", "turn limit reached")
+        if code == 4:
+            return HarnessExit("context_exceeded", tail)
+        if code == 5:
+            return HarnessExit("infra", tail)
+        return HarnessExit("error", f"exit code {code}: {tail}")
