@@ -19,8 +19,7 @@ from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-import httpx
-
+from ._backpressure import Backpressure
 from ._proxy_admin import AdminClient, ProxyUnavailable
 from ._rollout_runner import RolloutRequest, RolloutResult, RolloutRunner, new_id
 from ._task import Task
@@ -92,46 +91,6 @@ class RunSummary:
         return sum(rs) / len(rs) if rs else None
 
 
-class Backpressure:
-    """Answers "may a rollout start now?" from the proxy's admin status and the upstream's queue, cached briefly."""
-
-    def __init__(self, admin: AdminClient, *, max_in_flight: int | None, metrics_url: str | None,
-                 max_waiting: int | None, interval_s: float = 0.25):
-        self.admin, self.max_in_flight, self.metrics_url, self.max_waiting = admin, max_in_flight, metrics_url, max_waiting
-        self.interval_s, self._at, self._status = interval_s, 0.0, {}
-        self.reason: str | None = None
-
-    def status(self) -> dict:
-        if time.monotonic() - self._at > self.interval_s:
-            self._status, self._at = self.admin.status(), time.monotonic()
-        return self._status
-
-    def blocked(self) -> str | None:
-        st = self.status()
-        if st.get("paused"):
-            return "proxy paused (weights changing)"
-        if self.max_in_flight is not None and st.get("in_flight", 0) >= self.max_in_flight:
-            return f"proxy in-flight calls {st['in_flight']} >= {self.max_in_flight}"
-        if self.metrics_url and self.max_waiting is not None:
-            waiting = _vllm_waiting(self.metrics_url)
-            if waiting is not None and waiting >= self.max_waiting:
-                return f"upstream queue {waiting:g} >= {self.max_waiting}"
-        return None
-
-
-def _vllm_waiting(url: str) -> float | None:
-    try:
-        text = httpx.get(url, timeout=2).text
-    except httpx.HTTPError:
-        return None
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_waiting"):
-            total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    return total if seen else None
-
-
 class Orchestrator:
     def __init__(self, config: RunConfig, *, store, backend, harness, admin: AdminClient, progress=None):
         config.check()
@@ -145,24 +104,9 @@ class Orchestrator:
     def run(self, tasks: list[Task]) -> RunSummary:
         t0 = time.monotonic()
         cfg = self.config
-        harness_id = self.store.register_harness(self.harness.name, self.harness.version(), self.harness.config())
-        run_id = self.store.create_run(new_id("run"), name=cfg.run_name, config={
-            "harness": cfg.harness, "model": cfg.model, "group_size": cfg.group_size, "concurrency": cfg.concurrency,
-            "groups_per_task": cfg.groups_per_task, "backend": self.backend.name, "tasks": [t.id for t in tasks]})
-        for t in tasks:
-            self.store.register_task(t.id, source=str(t.path), domain=t.domain, instruction_hash=t.instruction_hash,
-                                     verifier_hash=t.verifier_hash, environment_ref=t.config.environment.docker_image,
-                                     metadata=t.store_metadata())
-        reaped = self.backend.reap()
-        if reaped:
-            self.store.add_event("sandbox.reaped", source="orchestrator", detail={"sandboxes": reaped})
+        run_id, harness_id = self._register(tasks)
         summary = RunSummary(run_id)
-        pending: deque[Work] = deque()
-        for t in tasks:
-            for _ in range(cfg.groups_per_task):
-                g = Group(t, cfg.group_size)
-                summary.groups += 1
-                pending.extend(Work(g) for _ in range(g.size))
+        pending = self._queue(tasks, summary)
         self._report(summary, total=len(pending), running=0)
         running: dict[Future, Work] = {}
         pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="rollout")
@@ -170,20 +114,7 @@ class Orchestrator:
             while pending or running:
                 if self.cancel.is_set():
                     pending.clear()
-                while pending and len(running) < cfg.concurrency and not self.cancel.is_set():
-                    if self._hold():
-                        break
-                    work = pending.popleft()
-                    if work.group.superseded:
-                        continue
-                    if not self._pin(work.group, run_id, pending, summary):
-                        continue
-                    req = RolloutRequest(task=work.group.task, run_id=run_id, group_id=work.group.id,
-                                         policy_version_id=work.group.policy_version, harness_id=harness_id,
-                                         model=cfg.model, attempt=work.attempt, retry_of=work.retry_of,
-                                         max_turns=cfg.max_turns, agent_timeout_s=cfg.agent_timeout_s)
-                    work.group.started += 1 if work.attempt == 1 else 0
-                    running[pool.submit(self.runner.run, req)] = work
+                self._submit(pool, pending, running, summary, harness_id)
                 if not running:
                     if pending:
                         time.sleep(0.1)
@@ -191,19 +122,7 @@ class Orchestrator:
                 done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
                     work = running.pop(fut)
-                    res = fut.result()
-                    summary.results.append(res)
-                    if (res.outcome == "infra_error" and work.attempt <= cfg.max_infra_retries
-                            and not self.cancel.is_set()):
-                        retry_of = None if res.extra.get("unregistered") else res.rollout_id
-                        pending.appendleft(Work(work.group, work.attempt + 1, retry_of or work.retry_of))
-                        summary.retried += 1
-                        self.store.add_event("rollout.retry", source="orchestrator", rollout_id=res.rollout_id,
-                                             detail={"attempt": work.attempt + 1, "kind": res.infra_kind})
-                    else:
-                        work.group.final += 1
-                        if work.group.final == work.group.size and not work.group.superseded:
-                            summary.groups_complete += 1
+                    self._collect(work, fut.result(), pending, summary)
                     self._report(summary, total=None, running=len(running))
         except KeyboardInterrupt:
             self.cancel.set()
@@ -226,6 +145,65 @@ class Orchestrator:
         summary.wall_s = time.monotonic() - t0
         self._report(summary, total=None, running=0)
         return summary
+
+    def _register(self, tasks: list[Task]) -> tuple[str, str]:
+        """Record the run, its harness and its tasks; reap sandboxes an earlier orchestrator left behind."""
+        cfg = self.config
+        harness_id = self.store.register_harness(self.harness.name, self.harness.version(), self.harness.config())
+        run_id = self.store.create_run(new_id("run"), name=cfg.run_name, config={
+            "harness": cfg.harness, "model": cfg.model, "group_size": cfg.group_size, "concurrency": cfg.concurrency,
+            "groups_per_task": cfg.groups_per_task, "backend": self.backend.name, "tasks": [t.id for t in tasks]})
+        for t in tasks:
+            self.store.register_task(t.id, source=str(t.path), domain=t.domain, instruction_hash=t.instruction_hash,
+                                     verifier_hash=t.verifier_hash, environment_ref=t.config.environment.docker_image,
+                                     metadata=t.store_metadata())
+        reaped = self.backend.reap()
+        if reaped:
+            self.store.add_event("sandbox.reaped", source="orchestrator", detail={"sandboxes": reaped})
+        return run_id, harness_id
+
+    def _queue(self, tasks: list[Task], summary: RunSummary) -> deque[Work]:
+        """One unit of work per group member, ``groups_per_task`` groups per task, in task order."""
+        pending: deque[Work] = deque()
+        for t in tasks:
+            for _ in range(self.config.groups_per_task):
+                g = Group(t, self.config.group_size)
+                summary.groups += 1
+                pending.extend(Work(g) for _ in range(g.size))
+        return pending
+
+    def _submit(self, pool: ThreadPoolExecutor, pending: deque[Work], running: dict[Future, Work],
+                summary: RunSummary, harness_id: str) -> None:
+        """Start pending rollouts while a worker is free and backpressure allows; skip superseded groups' work."""
+        cfg = self.config
+        while pending and len(running) < cfg.concurrency and not self.cancel.is_set():
+            if self._hold():
+                break
+            work = pending.popleft()
+            if work.group.superseded:
+                continue
+            if not self._pin(work.group, summary.run_id, pending, summary):
+                continue
+            req = RolloutRequest(task=work.group.task, run_id=summary.run_id, group_id=work.group.id,
+                                 policy_version_id=work.group.policy_version, harness_id=harness_id,
+                                 model=cfg.model, attempt=work.attempt, retry_of=work.retry_of,
+                                 max_turns=cfg.max_turns, agent_timeout_s=cfg.agent_timeout_s)
+            work.group.started += 1 if work.attempt == 1 else 0
+            running[pool.submit(self.runner.run, req)] = work
+
+    def _collect(self, work: Work, res: RolloutResult, pending: deque[Work], summary: RunSummary) -> None:
+        """Count a finished rollout; an infra error with retries left goes back to the front of the queue."""
+        summary.results.append(res)
+        if res.outcome == "infra_error" and work.attempt <= self.config.max_infra_retries and not self.cancel.is_set():
+            retry_of = None if res.extra.get("unregistered") else res.rollout_id
+            pending.appendleft(Work(work.group, work.attempt + 1, retry_of or work.retry_of))
+            summary.retried += 1
+            self.store.add_event("rollout.retry", source="orchestrator", rollout_id=res.rollout_id,
+                                 detail={"attempt": work.attempt + 1, "kind": res.infra_kind})
+        else:
+            work.group.final += 1
+            if work.group.final == work.group.size and not work.group.superseded:
+                summary.groups_complete += 1
 
     def _hold(self) -> bool:
         try:

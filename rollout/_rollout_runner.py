@@ -21,10 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from ._backends.base import Mount, Phase, PhaseResult, Resources, SandboxBackend, SandboxError, SandboxSpec
-from ._harnesses.base import HarnessAdapter, LaunchContext
+from ._harnesses.base import HarnessAdapter, HarnessExit, LaunchContext
 from ._proxy_admin import AdminClient, ProxyUnavailable
 from ._task import Task
-from ._verifier import VerifierCrashed, read_verdict, verifier_phase
+from ._verifier import Verdict, VerifierCrashed, read_verdict, verifier_phase
 
 SANDBOX_HOME = "/home/agent"
 
@@ -122,8 +122,7 @@ class RolloutRunner:
         return spec, harness, verifier, services
 
     def _run_registered(self, req: RolloutRequest, rid: str, token: str, timeout: float) -> RolloutResult:
-        task = req.task
-        res = RolloutResult(rid, task.id, req.group_id, "infra_error", attempt=req.attempt)
+        res = RolloutResult(rid, req.task.id, req.group_id, "infra_error", attempt=req.attempt)
         sandbox = None
         try:
             spec, harness, verifier, services = self._spec(req, rid, token, timeout)
@@ -135,60 +134,7 @@ class RolloutRunner:
             info = self.backend.describe(sandbox)
             res.extra["describe"] = info
             self._event(rid, "sandbox.created", info)
-            for svc in services:
-                r = self.backend.run_phase(sandbox, svc, cancel=self.cancel)
-                if r.cancelled:
-                    res.outcome = "cancelled"
-                    return res
-                if r.exit_code != 0:
-                    raise SandboxError(f"service {svc.name} of task {task.id} did not come up "
-                                       f"(exit {r.exit_code}, timed out {r.timed_out}): "
-                                       f"{r.stderr[-1500:].decode(errors='replace')}", kind="service_failed")
-            hr = self.backend.run_phase(sandbox, harness, cancel=self.cancel)
-            if hr.cancelled:
-                res.outcome = "cancelled"
-                return res
-            hx = self.harness.classify(hr) if not hr.timed_out else None
-            self._event(rid, "harness.exited", {
-                "exit_code": hr.exit_code, "timed_out": hr.timed_out, "duration_s": round(hr.duration_s, 3),
-                "classified": hx.kind if hx else "timeout", "detail": (hx.detail[-2000:] if hx else ""),
-                "log_blob": self._log_blob(hr)})
-            if hx is not None and hx.kind == "infra":
-                res.infra_kind, res.detail = "model_unreachable", hx.detail[-2000:]
-                return res
-            vr = self.backend.run_phase(sandbox, verifier, cancel=self.cancel)
-            if vr.cancelled:
-                res.outcome = "cancelled"
-                return res
-            dead = sorted(name for name, alive in vr.services.items() if not alive)
-            if dead:
-                # The harness shares the sandbox with the task's services. Checked after verification, not after
-                # the harness: a signal it sent may land late on a busy machine, and a verifier that cannot reach a
-                # killed service would look like a crash (an infra retry). Graded 0, never retried.
-                res.outcome, res.reward = "harness_error", 0.0
-                res.detail = f"service(s) {', '.join(dead)} stopped before verification finished"
-                return res
-            try:
-                verdict = read_verdict(task, vr)
-            except VerifierCrashed as exc:
-                res.infra_kind, res.detail = "verifier_crashed", str(exc)
-                res.extra["evidence"] = exc.evidence
-                self._event(rid, "verifier.crashed", {"message": str(exc), **_short(exc.evidence)})
-                return res
-            res.extra["evidence"], res.extra["verifier_version"] = verdict.evidence, verdict.version
-            self._event(rid, "verifier.finished", {"reward": verdict.reward, "exit_code": vr.exit_code,
-                                                   "duration_s": round(vr.duration_s, 3)})
-            if hr.timed_out:
-                res.outcome, res.reward = "policy_timeout", 0.0
-                res.detail = f"harness ran past its {timeout:g} s deadline"
-                res.extra["verifier_reward"] = verdict.reward
-            elif hx.kind in ("error", "context_exceeded"):
-                res.outcome, res.reward, res.detail = "harness_error", 0.0, f"{hx.kind}: {hx.detail[-1500:]}"
-                res.extra["verifier_reward"] = verdict.reward
-            else:
-                res.reward = verdict.reward
-                res.outcome = "success" if verdict.reward >= task.config.task.pass_threshold else "failure"
-                res.detail = hx.detail
+            self._run_phases(sandbox, req.task, res, services, harness, verifier, timeout)
             return res
         except SandboxError as exc:
             res.infra_kind, res.detail = exc.kind, str(exc)
@@ -200,6 +146,62 @@ class RolloutRunner:
                 self._final_state(rid, sandbox, res)
                 self.backend.destroy(sandbox)
                 self._event(rid, "sandbox.destroyed", {"outcome": res.outcome})
+
+    def _run_phases(self, sandbox, task: Task, res: RolloutResult, services: list[Phase], harness: Phase,
+                    verifier: Phase, timeout: float) -> None:
+        """Services, harness, verifier, in one sandbox; fills ``res``, whose outcome stays ``infra_error`` unless
+        the rollout is graded or cancelled. Raises ``SandboxError`` when the sandbox fails."""
+        rid = res.rollout_id
+        if not self._start_services(sandbox, task, services):
+            res.outcome = "cancelled"
+            return
+        hr = self.backend.run_phase(sandbox, harness, cancel=self.cancel)
+        if hr.cancelled:
+            res.outcome = "cancelled"
+            return
+        hx = self.harness.classify(hr) if not hr.timed_out else None
+        self._event(rid, "harness.exited", {
+            "exit_code": hr.exit_code, "timed_out": hr.timed_out, "duration_s": round(hr.duration_s, 3),
+            "classified": hx.kind if hx else "timeout", "detail": (hx.detail[-2000:] if hx else ""),
+            "log_blob": self._log_blob(hr)})
+        if hx is not None and hx.kind == "infra":
+            res.infra_kind, res.detail = "model_unreachable", hx.detail[-2000:]
+            return
+        vr = self.backend.run_phase(sandbox, verifier, cancel=self.cancel)
+        if vr.cancelled:
+            res.outcome = "cancelled"
+            return
+        dead = sorted(name for name, alive in vr.services.items() if not alive)
+        if dead:
+            # The harness shares the sandbox with the task's services. Checked after verification, not after
+            # the harness: a signal it sent may land late on a busy machine, and a verifier that cannot reach a
+            # killed service would look like a crash (an infra retry). Graded 0, never retried.
+            res.outcome, res.reward = "harness_error", 0.0
+            res.detail = f"service(s) {', '.join(dead)} stopped before verification finished"
+            return
+        try:
+            verdict = read_verdict(task, vr)
+        except VerifierCrashed as exc:
+            res.infra_kind, res.detail = "verifier_crashed", str(exc)
+            res.extra["evidence"] = exc.evidence
+            self._event(rid, "verifier.crashed", {"message": str(exc), **_short(exc.evidence)})
+            return
+        res.extra["evidence"], res.extra["verifier_version"] = verdict.evidence, verdict.version
+        self._event(rid, "verifier.finished", {"reward": verdict.reward, "exit_code": vr.exit_code,
+                                               "duration_s": round(vr.duration_s, 3)})
+        _grade(res, task, hr, hx, verdict, timeout)
+
+    def _start_services(self, sandbox, task: Task, services: list[Phase]) -> bool:
+        """Start the task's services; False when cancelled, ``SandboxError`` when one does not come up."""
+        for svc in services:
+            r = self.backend.run_phase(sandbox, svc, cancel=self.cancel)
+            if r.cancelled:
+                return False
+            if r.exit_code != 0:
+                raise SandboxError(f"service {svc.name} of task {task.id} did not come up "
+                                   f"(exit {r.exit_code}, timed out {r.timed_out}): "
+                                   f"{r.stderr[-1500:].decode(errors='replace')}", kind="service_failed")
+        return True
 
     def _final_state(self, rid: str, sandbox, res: RolloutResult) -> None:
         """What the backend knows only once phases ran (a pod's image digest, node, events), kept before destroy."""
@@ -243,6 +245,23 @@ class RolloutRunner:
         if not (r.stdout or r.stderr):
             return None
         return self.store.put_blob(b"--- stdout ---\n" + r.stdout + b"\n--- stderr ---\n" + r.stderr, "text/plain")
+
+
+def _grade(res: RolloutResult, task: Task, hr: PhaseResult, hx: HarnessExit | None, verdict: Verdict,
+           timeout: float) -> None:
+    """The outcome of a rollout the verifier scored: a harness that timed out or failed is graded 0 whatever the
+    verifier said (its score is kept as evidence); otherwise the task's pass threshold decides."""
+    if hr.timed_out:
+        res.outcome, res.reward = "policy_timeout", 0.0
+        res.detail = f"harness ran past its {timeout:g} s deadline"
+        res.extra["verifier_reward"] = verdict.reward
+    elif hx.kind in ("error", "context_exceeded"):
+        res.outcome, res.reward, res.detail = "harness_error", 0.0, f"{hx.kind}: {hx.detail[-1500:]}"
+        res.extra["verifier_reward"] = verdict.reward
+    else:
+        res.reward = verdict.reward
+        res.outcome = "success" if verdict.reward >= task.config.task.pass_threshold else "failure"
+        res.detail = hx.detail
 
 
 def _short(evidence: dict) -> dict:

@@ -249,7 +249,7 @@ def test_a_harness_that_kills_a_task_service_fails_instead_of_getting_a_retry(fo
 def test_backpressure_reads_proxy_in_flight_and_the_upstream_queue(forge):
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from rollout._orchestrator import Backpressure
+    from rollout._backpressure import Backpressure
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):
