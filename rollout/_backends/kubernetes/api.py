@@ -52,6 +52,16 @@ class TokenBucket:
         return wait
 
 
+def require_client() -> None:
+    """The ``kubernetes`` package is an optional extra: without it, say how to get it rather than a bare ImportError."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError as exc:
+        raise SandboxError(f"the kubernetes sandbox backend needs the `kubernetes` package, which could not be "
+                           f"imported ({exc}); install the k8s extra: pip install 'openforge[k8s]'",
+                           kind="sandbox_missing") from exc
+
+
 def make_api_client(cfg: KubernetesConfig, host: str | None = None):
     """An official ``ApiClient``: ``host`` (tests, the emulator), else kubeconfig (``cfg.context``), else
     in-cluster."""

@@ -13,7 +13,7 @@ import uuid
 
 from ..base import Phase, PhaseResult, Sandbox, SandboxError, SandboxSpec
 from . import classify, manifests
-from .api import Api, ApiError, make_api_client
+from .api import Api, ApiError, make_api_client, require_client
 from .config import KubernetesConfig
 from .results import ResultError, parse_message, split_log
 from .watcher import PodWatcher, matches, selector_string
@@ -25,6 +25,7 @@ class KubernetesBackend:
     name = "kubernetes"
 
     def __init__(self, config: KubernetesConfig | None = None, *, api_client=None, host: str | None = None):
+        require_client()
         self.cfg = config or KubernetesConfig()
         self.api = Api(self.cfg, api_client if api_client is not None else make_api_client(self.cfg, host))
         self.watcher = PodWatcher(self.api, self.cfg.namespace, dict(manifests.MANAGED))
