@@ -27,7 +27,7 @@ from ._records import (
 )
 from ._settings import Settings, get_settings
 from ._store import Store, open_store
-from ._write.journal import JournalCorrupt, JournalError, JournalLocked
+from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
 
 
 def __getattr__(name: str):
