@@ -1,6 +1,7 @@
 """The lineage store: every part of OpenForge writes to it or reads from it through ``Store``."""
 
 from ._blobs import BlobStore, LocalBlobStore
+from ._call_summaries import CallSummary
 from ._errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -25,9 +26,11 @@ from ._records import (
     StoredCall,
     Trajectory,
 )
+from ._rewards import latest_reward
 from ._settings import Settings, get_settings
+from ._stats import Stats, Window
 from ._store import Store, open_store
-from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
+from ._write.journal import JournalCorrupt, JournalError, JournalLocked
 
 
 def __getattr__(name: str):
@@ -49,6 +52,7 @@ __all__ = [
     "BlobNotFound",
     "BlobStore",
     "CallRecord",
+    "CallSummary",
     "EventInfo",
     "InvalidRecord",
     "JournalCorrupt",
@@ -61,16 +65,19 @@ __all__ = [
     "RolloutInfo",
     "SchemaMismatch",
     "Settings",
+    "Stats",
     "Store",
     "StoreError",
     "StoreURLError",
     "StoreUnavailable",
     "StoredCall",
     "Trajectory",
+    "Window",
     "canonical_json",
     "connect_duckdb",
     "get_settings",
     "json_sha256",
+    "latest_reward",
     "open_store",
     "sha256_hex",
 ]

@@ -3,13 +3,17 @@
 ``connect(url_or_snapshot_dir)`` returns a DuckDB connection with one view per table (JSON columns typed JSON,
 timestamps TIMESTAMP in UTC (no zone attached, so results need no pytz), booleans BOOLEAN, whatever the source) and these analysis views:
 
-* ``rollouts``: every rollout plus ``latency_s``, ``harness_name``, ``harness_version``, ``domain`` and the latest
-  reward (``reward``, ``reward_source``; rewards are append-only, the latest by ingest order wins).
+* ``rollouts``: every rollout plus ``latency_s``, ``harness_name``, ``harness_version``, ``domain`` and the reward
+  that counts (``reward``, ``reward_source``): rewards are append-only, the latest by ingest order wins, whatever
+  its source (the store's one rule, :mod:`forge_store._rewards`).
+* ``latest_rewards(sources)``, a table macro: the reward that counts per rollout when only ``sources`` count, e.g.
+  ``SELECT r.id, l.value FROM rollouts r LEFT JOIN latest_rewards(['verifier']) l ON l.rollout_id = r.id``;
+  ``latest_rewards()`` takes every source (what ``rollouts.reward`` shows).
 * ``calls``: every call (token arrays stay packed BLOBs; ``n_prompt_tokens`` / ``n_completion_tokens`` count them).
 * ``tool_calls``: one row per tool call of an assistant response: ``call_id``, ``rollout_id``, ``seq``,
   ``tool_index``, ``tool_call_id``, ``tool_name``, ``arguments`` (text as sent), ``arguments_json_ok``.
-* ``rewards`` (every row, with ``is_latest``), ``exclusions``, ``exports``, ``tasks``, ``harnesses``,
-  ``policy_versions``.
+* ``rewards`` (every row, with ``is_latest``: the row that counts when every source does), ``exclusions``,
+  ``exports``, ``tasks``, ``harnesses``, ``policy_versions``.
 * ``samples``: one row per model call with what token-level training would see of it: ids, rollout, policy
   version, token counts, ``token_exact``, ``finish_reason`` and the rollout's latest reward. It is a view over
   ``calls``, not over exported shards: export shards live in the export's folder (``exports.out_dir``) and can be
@@ -32,6 +36,7 @@ import sqlalchemy as sa
 from . import _schema as schema
 from ._engine import redact_url
 from ._errors import SchemaMismatch, StoreError, StoreURLError
+from ._rewards import DUCKDB_VIEWS as REWARD_VIEWS
 
 ANALYSIS_VIEWS = ("rollouts", "calls", "tool_calls", "rewards", "samples", "exclusions", "exports", "tasks",
                   "harnesses", "policy_versions")
@@ -140,8 +145,7 @@ def _check_schema(con: duckdb.DuckDBPyConnection, source: str) -> None:
 
 
 _VIEWS = [
-    """CREATE VIEW rewards AS SELECT r.*, row_number() OVER (PARTITION BY rollout_id ORDER BY ingest_seq DESC) = 1
-       AS is_latest FROM store.rewards r""",
+    *REWARD_VIEWS,  # the latest_rewards(sources) macro and the rewards view
     "CREATE VIEW exclusions AS SELECT * FROM store.exclusions",
     "CREATE VIEW exports AS SELECT * FROM store.exports",
     "CREATE VIEW tasks AS SELECT * FROM store.tasks",
@@ -154,7 +158,7 @@ _VIEWS = [
        FROM store.rollouts r
        LEFT JOIN store.harnesses h ON h.id = r.harness_id
        LEFT JOIN store.tasks t ON t.id = r.task_id
-       LEFT JOIN (SELECT * FROM rewards WHERE is_latest) rw ON rw.rollout_id = r.id""",
+       LEFT JOIN latest_rewards() rw ON rw.rollout_id = r.id""",
     """CREATE VIEW tool_calls AS
        WITH x AS (
          SELECT c.id AS call_id, c.rollout_id, c.seq, c.policy_version_id, c.started_at,
@@ -176,5 +180,5 @@ _VIEWS = [
               rw.value AS reward
        FROM store.calls c
        LEFT JOIN store.rollouts r ON r.id = c.rollout_id
-       LEFT JOIN (SELECT * FROM rewards WHERE is_latest) rw ON rw.rollout_id = c.rollout_id""",
+       LEFT JOIN latest_rewards() rw ON rw.rollout_id = c.rollout_id""",
 ]

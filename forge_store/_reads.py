@@ -1,15 +1,18 @@
-"""Reads: rollouts, calls with their deltas resolved, whole trajectories; all optionally pinned to a watermark."""
+"""Reads: rollouts, calls with their deltas resolved, rewards, events, lineage, for one rollout or many at once; all
+optionally pinned to a watermark. Functions over a connection; ``Store`` calls them (``forge_store._store_reads``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Collection, Iterator, Sequence
 
 import sqlalchemy as sa
 
 from . import _schema as schema
 from ._errors import NotFound, StoreError
 from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall
+from ._rewards import latest_rewards_query
 from ._tokens import bytes_to_ids, unpack_ids_raw, unpack_logprobs
 
 _calls = schema.Call.__table__
@@ -18,6 +21,7 @@ _messages = schema.Message.__table__
 _tools = schema.ToolSchema.__table__
 _rewards = schema.Reward.__table__
 _events = schema.Event.__table__
+_exclusions = schema.Exclusion.__table__
 
 
 def _rollout_info(row, as_of: int | None) -> RolloutInfo:
@@ -80,6 +84,21 @@ def calls(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> lis
         q = q.where(_calls.c.ingest_seq <= as_of)
     rows = {r.id: r for r in conn.execute(q.order_by(_calls.c.seq, _calls.c.id))}
     return resolve_calls(conn, rows)
+
+
+def calls_by_rollout(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | None = None,
+                     chunk: int = 500) -> dict[str, list[StoredCall]]:
+    """``calls`` of many rollouts, one query per ``chunk`` of them; a rollout without calls maps to []."""
+    ids = list(dict.fromkeys(rollout_ids))
+    out: dict[str, list[StoredCall]] = {rid: [] for rid in ids}
+    for i in range(0, len(ids), chunk):
+        q = sa.select(_calls).where(_calls.c.rollout_id.in_(ids[i:i + chunk]))
+        if as_of is not None:
+            q = q.where(_calls.c.ingest_seq <= as_of)
+        rows = {r.id: r for r in conn.execute(q.order_by(_calls.c.rollout_id, _calls.c.seq, _calls.c.id))}
+        for c in resolve_calls(conn, rows):  # delta bases live in the same rollout, so in the same chunk
+            out[c.rollout_id].append(c)
+    return out
 
 
 def call(conn: sa.Connection, call_id: str) -> StoredCall:
@@ -168,6 +187,32 @@ def rewards(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> l
     return [RewardInfo(**r._mapping) for r in conn.execute(q.order_by(_rewards.c.ingest_seq))]
 
 
+def latest_rewards(conn: sa.Connection, rollout_ids: Sequence[str], sources: Collection[str] | None = None,
+                   as_of: int | None = None, chunk: int = 500) -> dict[str, RewardInfo]:
+    """Rollout id -> the reward that counts (:mod:`forge_store._rewards`); rollouts without one are left out."""
+    ids = list(dict.fromkeys(rollout_ids))
+    out: dict[str, RewardInfo] = {}
+    for i in range(0, len(ids), chunk):
+        lr = latest_rewards_query(sources=sources, as_of=as_of, rollout_ids=ids[i:i + chunk])
+        out.update((r["rollout_id"], RewardInfo(**r)) for r in conn.execute(sa.select(lr)).mappings())
+    return out
+
+
+def exclusion_reasons(conn: sa.Connection, rollout_ids: Sequence[str] | None = None) -> dict[str, set[str]]:
+    """Rollout id -> the reasons it was excluded for (by any export); rollouts never excluded are left out."""
+    q = sa.select(_exclusions.c.rollout_id, _exclusions.c.reason).where(_exclusions.c.rollout_id.is_not(None))
+    if rollout_ids is not None:
+        ids = list(dict.fromkeys(rollout_ids))
+        parts = [q.where(_exclusions.c.rollout_id.in_(ids[i:i + 500])) for i in range(0, len(ids), 500)]
+    else:
+        parts = [q]
+    out: dict[str, set[str]] = defaultdict(set)
+    for part in parts:
+        for rid, reason in conn.execute(part):
+            out[rid].add(reason)
+    return dict(out)
+
+
 def events(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[EventInfo]:
     q = sa.select(_events).where(_events.c.rollout_id == rollout_id)
     if as_of is not None:
@@ -188,3 +233,4 @@ def lineage(conn: sa.Connection, kind: str, as_of: int | None = None) -> list[di
     if as_of is not None:
         q = q.where(table.c.ingest_seq <= as_of)
     return [dict(r._mapping) for r in conn.execute(q)]
+

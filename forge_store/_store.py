@@ -12,38 +12,24 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from . import _migrate as migrate
-from . import _reads as reads
 from . import _schema as schema
 from ._blobs import BlobStore, LocalBlobStore
 from ._engine import create_engine, redact_url
 from ._errors import InvalidRecord, StoreUnavailable
 from ._hashing import json_sha256, sha256_hex
-from ._records import (
-    EXCLUSION_REASONS,
-    OUTCOMES,
-    REWARD_SOURCES,
-    CallRecord,
-    EventInfo,
-    RewardInfo,
-    RolloutFilter,
-    RolloutInfo,
-    StoredCall,
-    Trajectory,
-)
+from ._records import EXCLUSION_REASONS, OUTCOMES, REWARD_SOURCES, CallRecord
 from ._settings import Settings, get_settings
+from ._store_reads import StoreReads
 from ._write.call_encoder import CallEncoder, PromptPart
 from ._write.db_apply import apply_ops, check_lengths
 from ._write.journal import Journal
-from ._write.op_codec import pack_op
-from ._write.process_writer import ProcessWriter
-from ._write.thread_writer import ThreadWriter
+from ._write.writer import ProcessWriter, Writer, encode
 
 log = logging.getLogger("forge_store")
 
@@ -57,7 +43,7 @@ def _check(value, allowed, what: str) -> None:
         raise InvalidRecord(f"{what} {value!r} is not one of {', '.join(allowed)}")
 
 
-class Store:
+class Store(StoreReads):
     def __init__(self, engine: sa.Engine, blobs: BlobStore, *, journal: Journal | None, settings: Settings,
                  drain: str = "thread"):
         self.engine, self.blobs, self.settings = engine, blobs, settings
@@ -69,14 +55,13 @@ class Store:
             raise ValueError(f"drain={drain!r}: use 'thread' (database writes in this process) or 'process'")
         if journal is not None and drain == "process":
             self._writer = ProcessWriter(
-                journal, url=engine.url.render_as_string(hide_password=False),
+                engine, journal, url=engine.url.render_as_string(hide_password=False),
                 batch_size=settings.writer_batch_size, linger_s=settings.drain_linger_s,
                 retry_max_s=settings.writer_retry_max_s,
             )
         elif journal is not None:
-            self._writer = ThreadWriter(
-                engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s,
-                retry_max_s=settings.writer_retry_max_s,
+            self._writer = Writer(
+                engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s, retry_max_s=settings.writer_retry_max_s,
             )
         with engine.connect() as conn:
             self.store_id = conn.execute(
@@ -88,7 +73,7 @@ class Store:
         if op["k"] != "call":  # a call's were checked by the encoder, before it changed its state
             check_lengths(op)
         if self._writer is None:
-            pack_op(op)  # what a journal could not hold is refused here too (InvalidRecord), whatever the database says
+            encode(op)  # what a journal could not hold is refused here too (InvalidRecord), whatever the database says
             with self.engine.begin() as conn:
                 apply_ops(conn, [op])
         else:
@@ -264,60 +249,7 @@ class Store:
             self._known_blobs.popitem(last=False)
         return sha
 
-    # ---- reads --------------------------------------------------------------------------------------------
-    def get_blob(self, sha256: str) -> bytes:
-        return self.blobs.get(sha256)
-
-    def watermark(self) -> int:
-        """The highest ingest sequence number committed: every row at or below it is visible, forever."""
-        with self.engine.connect() as conn:
-            return conn.execute(sa.select(schema.IngestCounter.value).where(schema.IngestCounter.id == 1)).scalar_one()
-
-    def rollout(self, rollout_id: str, *, as_of: int | None = None) -> RolloutInfo:
-        with self.engine.connect() as conn:
-            return reads.rollout(conn, rollout_id, as_of)
-
-    def iter_rollouts(self, flt: RolloutFilter | None = None, *, as_of: int | None = None) -> Iterator[RolloutInfo]:
-        with self.engine.connect() as conn:
-            yield from reads.iter_rollouts(conn, flt, as_of)
-
-    def calls(self, rollout_id: str, *, as_of: int | None = None) -> list[StoredCall]:
-        with self.engine.connect() as conn:
-            return reads.calls(conn, rollout_id, as_of)
-
-    def call(self, call_id: str) -> StoredCall:
-        with self.engine.connect() as conn:
-            return reads.call(conn, call_id)
-
-    def rewards(self, rollout_id: str, *, as_of: int | None = None) -> list[RewardInfo]:
-        with self.engine.connect() as conn:
-            return reads.rewards(conn, rollout_id, as_of)
-
-    def events(self, rollout_id: str, *, as_of: int | None = None) -> list[EventInfo]:
-        with self.engine.connect() as conn:
-            return reads.events(conn, rollout_id, as_of)
-
-    def lineage(self, kind: str, *, as_of: int | None = None) -> list[dict]:
-        """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order)."""
-        with self.engine.connect() as conn:
-            return reads.lineage(conn, kind, as_of)
-
-    def trajectory(self, rollout_id: str, *, as_of: int | None = None) -> Trajectory:
-        with self.engine.connect() as conn:
-            return Trajectory(
-                rollout=reads.rollout(conn, rollout_id, as_of),
-                calls=reads.calls(conn, rollout_id, as_of),
-                rewards=reads.rewards(conn, rollout_id, as_of),
-                events=reads.events(conn, rollout_id, as_of),
-            )
-
-    def counts(self) -> dict[str, int]:
-        """Row count of every table."""
-        with self.engine.connect() as conn:
-            return {
-                t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
-                for t in schema.Base.metadata.sorted_tables
-            }
+    # ---- reads: inherited from StoreReads (forge_store/_store_reads.py) ----------------------------------------
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:

@@ -226,11 +226,13 @@ def test_public_surface_is_pinned():
     import forge_store
 
     assert sorted(forge_store.__all__) == sorted([
-        "API_SURFACES", "EXCLUSION_REASONS", "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt", "BlobNotFound",
-        "BlobStore", "CallRecord", "EventInfo", "InvalidRecord", "JournalCorrupt", "JournalError", "JournalLocked",
+        "ANALYSIS_VIEWS", "API_SURFACES", "EXCLUSION_REASONS", "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt",
+        "BlobNotFound", "BlobStore", "CallRecord", "CallSummary", "EventInfo", "InvalidRecord", "JournalCorrupt",
+        "JournalError", "JournalLocked",
         "LocalBlobStore", "NotFound", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings",
-        "Store", "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "Trajectory", "canonical_json",
-        "get_settings", "json_sha256", "open_store", "sha256_hex",
+        "Stats", "Store", "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "Trajectory", "Window",
+        "canonical_json", "connect_duckdb", "get_settings", "json_sha256", "latest_reward", "open_store",
+        "sha256_hex",
     ])
     for name in forge_store.__all__:
         assert hasattr(forge_store, name), name
@@ -279,11 +281,11 @@ def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, setti
     side. Everything reads back as recorded, on both databases."""
     import asyncio
 
-    from forge_store._write import journaling_writer
+    from forge_store._write import writer as writer_module
 
     ops = []
-    real_pack = journaling_writer.pack_op
-    monkeypatch.setattr(journaling_writer, "pack_op", lambda op: (ops.append(op), real_pack(op))[1])
+    real_encode = writer_module.encode
+    monkeypatch.setattr(writer_module, "encode", lambda op: (ops.append(op), real_encode(op))[1])
     settings = settings.model_copy(update={"journal_fsync": False})
     recs = [make_call(f"c{t}", "r", t) for t in range(5)]
 
@@ -353,9 +355,7 @@ def test_nul_characters_are_stored_and_the_rollout_stays_readable(store, store_u
     assert calls["c2"].params == {JSON_WRAP: "{}"} and calls["c2"].response == shaped.response
     assert calls["c3"].messages == make_call("x", "r1", 3).messages  # its prompt is a delta on c2, on c1
 
-    from learner._analysis_reads import light_calls
-
-    light = {c.id: c for c in light_calls(store.engine, ["r1"])["r1"]}
+    light = {c.id: c for c in store.call_summaries(["r1"])["r1"]}
     assert light["c1"].response == odd.response and light["c2"].response == shaped.response
 
     import json

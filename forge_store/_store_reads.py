@@ -1,0 +1,109 @@
+"""``StoreReads``: the read half of ``Store``'s API (``Store`` inherits it), over :mod:`forge_store._reads`."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Iterator, Sequence
+
+import sqlalchemy as sa
+
+from . import _reads as reads
+from . import _schema as schema
+from ._blobs import BlobStore
+from ._call_summaries import CallSummary, call_summaries
+from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall, Trajectory
+from ._rewards import check_sources
+from ._stats import Stats
+
+
+class StoreReads:
+    """The read half of ``Store``, which inherits it (it needs only ``self.engine`` and ``self.blobs``).
+
+    Per-rollout reads for one trajectory; batched reads (``calls_by_rollout``, ``latest_rewards``,
+    ``call_summaries``, ``exclusion_reasons``) for clients that walk many rollouts, one query per chunk of them;
+    ``stats`` for the dashboards' windowed aggregates. Every read that takes ``as_of`` sees the store as of that
+    watermark. Clients read through these, never with SQL of their own (analysts: ``connect_duckdb``)."""
+
+    engine: sa.Engine
+    blobs: BlobStore
+
+    def get_blob(self, sha256: str) -> bytes:
+        return self.blobs.get(sha256)
+
+    def watermark(self) -> int:
+        """The highest ingest sequence number committed: every row at or below it is visible, forever."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(schema.IngestCounter.value).where(schema.IngestCounter.id == 1)).scalar_one()
+
+    def rollout(self, rollout_id: str, *, as_of: int | None = None) -> RolloutInfo:
+        with self.engine.connect() as conn:
+            return reads.rollout(conn, rollout_id, as_of)
+
+    def iter_rollouts(self, flt: RolloutFilter | None = None, *, as_of: int | None = None) -> Iterator[RolloutInfo]:
+        with self.engine.connect() as conn:
+            yield from reads.iter_rollouts(conn, flt, as_of)
+
+    def calls(self, rollout_id: str, *, as_of: int | None = None) -> list[StoredCall]:
+        with self.engine.connect() as conn:
+            return reads.calls(conn, rollout_id, as_of)
+
+    def calls_by_rollout(self, rollout_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, list[StoredCall]]:
+        """``calls`` of many rollouts at once (rollout id -> its calls in order; [] for a rollout without calls)."""
+        with self.engine.connect() as conn:
+            return reads.calls_by_rollout(conn, rollout_ids, as_of)
+
+    def call(self, call_id: str) -> StoredCall:
+        with self.engine.connect() as conn:
+            return reads.call(conn, call_id)
+
+    def call_summaries(self, rollout_ids: Sequence[str]) -> dict[str, list[CallSummary]]:
+        """Light views of many rollouts' calls for behaviour analysis (:class:`CallSummary`), in order."""
+        with self.engine.connect() as conn:
+            return call_summaries(conn, rollout_ids)
+
+    def rewards(self, rollout_id: str, *, as_of: int | None = None) -> list[RewardInfo]:
+        """Every reward row of a rollout, in ingest order (superseded ones too)."""
+        with self.engine.connect() as conn:
+            return reads.rewards(conn, rollout_id, as_of)
+
+    def latest_rewards(self, rollout_ids: Sequence[str], *, sources: Collection[str] | None = None,
+                       as_of: int | None = None) -> dict[str, RewardInfo]:
+        """Rollout id -> the reward that counts: its latest from ``sources`` (None: any source; see
+        :mod:`forge_store._rewards`). Rollouts without such a reward are left out."""
+        sources = check_sources(sources)
+        with self.engine.connect() as conn:
+            return reads.latest_rewards(conn, rollout_ids, sources, as_of)
+
+    def exclusion_reasons(self, rollout_ids: Sequence[str] | None = None) -> dict[str, set[str]]:
+        """Rollout id -> why it was excluded from training data (by any export); None reads every rollout."""
+        with self.engine.connect() as conn:
+            return reads.exclusion_reasons(conn, rollout_ids)
+
+    def events(self, rollout_id: str, *, as_of: int | None = None) -> list[EventInfo]:
+        with self.engine.connect() as conn:
+            return reads.events(conn, rollout_id, as_of)
+
+    def lineage(self, kind: str, *, as_of: int | None = None) -> list[dict]:
+        """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order)."""
+        with self.engine.connect() as conn:
+            return reads.lineage(conn, kind, as_of)
+
+    def trajectory(self, rollout_id: str, *, as_of: int | None = None) -> Trajectory:
+        with self.engine.connect() as conn:
+            return Trajectory(
+                rollout=reads.rollout(conn, rollout_id, as_of),
+                calls=reads.calls(conn, rollout_id, as_of),
+                rewards=reads.rewards(conn, rollout_id, as_of),
+                events=reads.events(conn, rollout_id, as_of),
+            )
+
+    def counts(self) -> dict[str, int]:
+        """Row count of every table."""
+        with self.engine.connect() as conn:
+            return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                    for t in schema.Base.metadata.sorted_tables}
+
+    @functools.cached_property
+    def stats(self) -> Stats:
+        """The dashboards' windowed aggregates (:class:`forge_store._stats.Stats`)."""
+        return Stats(self.engine)
