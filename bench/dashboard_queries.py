@@ -31,11 +31,10 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dashboards._context import Context  # noqa: E402
-from dashboards._queries import Window, filter_options, overview, rollout_page  # noqa: E402
+from dashboards._queries import overview, rollout_page  # noqa: E402
 from dashboards._views.behaviour import compare  # noqa: E402
-from forge_store import Settings, open_store  # noqa: E402
-from forge_store._hashing import sha256_hex  # noqa: E402
-from learner._rubrics import tool_steps  # noqa: E402
+from forge_store import Settings, Window, open_store, sha256_hex  # noqa: E402
+from learner import tool_steps  # noqa: E402
 
 T0 = datetime(2026, 6, 1, tzinfo=timezone.utc)
 POLICIES = ("pv-100", "pv-200", "pv-300")
@@ -178,20 +177,19 @@ def measure(url: str, home: Path, repeat: int) -> dict:
     store = open_store(url, settings=Settings(home=home, auto_upgrade=False))
     window = Window(since=T0 + timedelta(days=0), until=T0 + timedelta(days=31))
     ctx = Context(store=store, window=window)
-    engine = store.engine
-    rid = rollout_page(engine, window, {})[0]["id"].iloc[0]
+    rid = rollout_page(store, window, {})[0]["id"].iloc[0]
 
     def overview_page():
-        overview(engine, window)
+        overview(store, window)
 
     def trajectory_page():
-        options = filter_options(engine)
-        rollout_page(engine, window, {"task_id": options["task_id"][3], "outcome": "success"}, page=1)
+        options = store.stats.filter_options()
+        rollout_page(store, window, {"task_id": options["task_id"][3], "outcome": "success"}, page=1)
         traj = store.trajectory(rid)
         tool_steps(traj.calls)
 
     def behaviour_page():
-        filter_options(engine)
+        store.stats.filter_options()
         compare(ctx, "policy_version_id", POLICIES[0], POLICIES[2])
 
     out = {"overview_ms": _timed(overview_page, repeat), "trajectory_ms": _timed(trajectory_page, repeat),

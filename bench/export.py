@@ -1,6 +1,6 @@
 """Export benchmark: a synthetic SQLite store of >= 100,000 calls, exported as veRL shards.
 
-Builds the store fast (store ops batched into few transactions), then times ``learner._export.export``.
+Builds the store fast (store ops batched into few transactions), then times ``learner.export``.
 Prints a JSON object as the last line: samples_per_s, peak_rss_mb, merge_rate (and sizes). Never asserts times.
 Usage: python bench/export.py [--rollouts 10000] [--turns 10] [--group 8]
 """
@@ -21,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forge_store import CallRecord, Settings, open_store  # noqa: E402
 from forge_store._write.db_apply import apply_ops  # noqa: E402  (bench only: batch the writes)
-from learner._export import export  # noqa: E402
-from learner._plan import ExportConfig  # noqa: E402
+from learner import ExportConfig, export  # noqa: E402
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

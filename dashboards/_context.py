@@ -14,15 +14,14 @@ from datetime import datetime, time, timedelta, timezone
 
 import streamlit as st
 
-from forge_store import SchemaMismatch, Store, StoreError, get_settings, open_store
-
-from ._queries import Window, time_range
+from forge_store import REWARD_SOURCES, SchemaMismatch, Store, StoreError, Window, get_settings, open_store
 
 
 @dataclass(frozen=True)
 class Context:
     store: Store
     window: Window
+    reward_sources: tuple[str, ...] | None = None  # the rewards that count (None: every source)
 
 
 def store_url(argv: list[str] | None = None) -> str:
@@ -53,7 +52,7 @@ def open_or_explain(url: str) -> Store | None:
 
 def sidebar_window(store: Store) -> Window | None:
     """A date range over the rollouts' start times (default: the last 30 days that have data)."""
-    lo, hi = time_range(store.engine)
+    lo, hi = store.stats.time_range()
     if lo is None:
         return None
     first, last = lo.date(), hi.date()
@@ -63,3 +62,12 @@ def sidebar_window(store: Store) -> Window | None:
     start, end = (picked if isinstance(picked, (tuple, list)) and len(picked) == 2 else (default_start, last))
     return Window(since=datetime.combine(start, time.min, tzinfo=timezone.utc),
                   until=datetime.combine(end, time.min, tzinfo=timezone.utc) + timedelta(days=1))
+
+
+def sidebar_reward_sources() -> tuple[str, ...] | None:
+    """Which reward sources count (the store's latest-reward rule takes the latest of these); none picked: all."""
+    picked = st.sidebar.multiselect("Rewards from", list(REWARD_SOURCES), default=[], key="reward_sources",
+                                    placeholder="every source",
+                                    help="A rollout's reward is its latest from these sources (rewards are "
+                                         "append-only: a re-grade is a later row).")
+    return tuple(picked) or None

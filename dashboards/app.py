@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboards._context import Context, open_or_explain, sidebar_window, store_url
+from dashboards._context import Context, open_or_explain, sidebar_reward_sources, sidebar_window, store_url
 from dashboards._views import behaviour, exports, overview, trajectories
 
 PAGES = {"Overview": overview, "Trajectories": trajectories, "Behaviour": behaviour, "Exports": exports}
@@ -28,7 +28,7 @@ def main() -> None:
         st.info("This store has no rollouts yet. Run `openforge` rollouts (or point --store at another store) and "
                 "reload this page.")
         return
-    PAGES[page].render(Context(store=store, window=window))
+    PAGES[page].render(Context(store=store, window=window, reward_sources=sidebar_reward_sources()))
 
 
 main()

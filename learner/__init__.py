@@ -4,7 +4,7 @@ behaviour analysis and the CPU train step.
 Everything another part (or the ``openforge`` roof) may use is here; the modules behind it are private.
 """
 
-from ._analysis import SLICES, AnalysisError, analyze
+from ._analysis import SLICES, AnalysisError, analyze, rubric_summary
 from ._analysis_config import RubricConfig, RubricConfigError
 from ._export import ExportError, export, verify
 from ._formats import EXPORTERS, Exporter, get_exporter
@@ -13,9 +13,11 @@ from ._plan import ExportConfig
 from ._query import QueryError, parse_where
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
 from ._report import print_table
+from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_rubrics, tool_steps
 from ._train import TrainError, TrainResult, train
 
 __all__ = ["EXPORTERS", "SLICES", "AnalysisError", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
-           "QueryError", "Reconstruction", "RubricConfig", "RubricConfigError", "Segment", "TrainError", "TrainResult",
-           "analyze", "export", "get_exporter", "group_advantages", "grpo_advantages", "parse_where", "print_table",
-           "reconstruct", "reconstruct_rollout", "train", "verify"]
+           "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError", "Segment",
+           "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter", "group_advantages",
+           "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "print_table", "reconstruct",
+           "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify"]

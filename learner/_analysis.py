@@ -7,8 +7,11 @@ the slice and averaged over the tasks that have at least k graded rollouts. Late
 the exclusion rate is the share of finished rollouts with at least one exclusion row (any export), and
 ``exclusions`` counts distinct excluded rollouts per reason.
 
-This reads every trajectory (batched light reads, :mod:`learner._analysis_reads`): right for reports and notebooks. The dashboards aggregate
-in SQL instead (:mod:`dashboards._queries`) and compute rubrics only on a sample.
+A rollout's reward is the one that counts by the store's rule (``Store.latest_rewards``: its latest from the chosen
+``reward_sources``, every source by default); it passes when that reward reaches ``pass_threshold`` or, without
+one, when its outcome is ``success``. This reads every trajectory (light batched reads, ``Store.call_summaries``):
+right for reports and notebooks. The dashboards aggregate in SQL instead (``Store.stats``) and compute rubrics with
+:func:`rubric_summary` on a sample.
 """
 
 from __future__ import annotations
@@ -18,12 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-import sqlalchemy as sa
-
-from forge_store import RolloutFilter, RolloutInfo, Store
+from forge_store import REWARD_SOURCES, RolloutFilter, RolloutInfo, Store
 
 from ._analysis_config import CATEGORIES, RubricConfig
-from ._analysis_reads import latest_rewards, light_calls
 from ._rubrics import RolloutRubrics, pass_at_k, pass_hat_k, percentile, rollout_rubrics
 
 SLICES = ("policy_version", "harness", "domain")
@@ -55,15 +55,33 @@ def _passed(outcome: str | None, reward: float | None, config: RubricConfig) -> 
     return reward >= config.pass_threshold if reward is not None else outcome == "success"
 
 
+def _check_sources(reward_sources: Sequence[str] | None) -> tuple[str, ...] | None:
+    if reward_sources is None:
+        return None
+    for s in reward_sources:
+        if s not in REWARD_SOURCES:
+            raise AnalysisError(f"--reward-source {s!r}: a reward source is one of {', '.join(REWARD_SOURCES)}; "
+                                "pass one of those, or leave the option out for every source")
+    return tuple(reward_sources)
+
+
+class _Lineage:
+    """What the facts of any rollout need from the small lineage tables, read once."""
+
+    def __init__(self, store: Store):
+        self.tasks = {t["id"]: t for t in store.lineage("tasks")}
+        self.harnesses = {h["id"]: h for h in store.lineage("harnesses")}
+
+
 def collect(store: Store, *, config: RubricConfig | None = None, since: datetime | None = None,
-            flt: RolloutFilter | None = None, limit: int | None = None,
+            flt: RolloutFilter | None = None, limit: int | None = None, reward_sources: Sequence[str] | None = None,
             progress: Callable[[int], None] | None = None, batch_size: int = 200) -> list[RolloutFacts]:
     """Facts and rubrics of every finished rollout (started at or after ``since``), in ingest order.
 
-    Calls are read in batches of ``batch_size`` rollouts (:mod:`learner._analysis_reads`)."""
+    Calls and rewards are read in batches of ``batch_size`` rollouts."""
     config = config or RubricConfig()
-    tasks = {t["id"]: t for t in store.lineage("tasks")}
-    harnesses = {h["id"]: h for h in store.lineage("harnesses")}
+    sources = _check_sources(reward_sources)
+    lineage = _Lineage(store)
     out: list[RolloutFacts] = []
     batch: list[RolloutInfo] = []
     for info in store.iter_rollouts(flt or RolloutFilter(finished=True)):
@@ -71,41 +89,36 @@ def collect(store: Store, *, config: RubricConfig | None = None, since: datetime
             continue
         batch.append(info)
         if len(batch) == batch_size or (limit is not None and len(out) + len(batch) >= limit):
-            out += _facts(store, batch, tasks, harnesses, config)
+            out += rollout_facts(store, batch, config=config, reward_sources=sources, lineage=lineage)
             batch = []
             if progress:
                 progress(len(out))
             if limit is not None and len(out) >= limit:
                 return out
-    out += _facts(store, batch, tasks, harnesses, config)
+    out += rollout_facts(store, batch, config=config, reward_sources=sources, lineage=lineage)
     return out
 
 
-def _facts(store: Store, infos: list[RolloutInfo], tasks: dict, harnesses: dict,
-           config: RubricConfig) -> list[RolloutFacts]:
-    calls_of = light_calls(store.engine, [i.id for i in infos])
-    rewards = latest_rewards(store.engine, [i.id for i in infos])
+def rollout_facts(store: Store, infos: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
+                  reward_sources: Sequence[str] | None = None, lineage: _Lineage | None = None) -> list[RolloutFacts]:
+    """Facts and rubrics of these rollouts (one batched read of their calls and one of their rewards)."""
+    config = config or RubricConfig()
+    lineage = lineage or _Lineage(store)
+    ids = [i.id for i in infos]
+    calls_of = store.call_summaries(ids)
+    rewards = store.latest_rewards(ids, sources=reward_sources)
     out = []
     for info in infos:
-        task = tasks.get(info.task_id) or {}
-        h = harnesses.get(info.harness_id)
+        task = lineage.tasks.get(info.task_id) or {}
+        h = lineage.harnesses.get(info.harness_id)
         harness = f"{h['name']}@{h['version']}" if h and h.get("version") else (h["name"] if h else (info.harness_id or "(none)"))
-        value = rewards.get(info.id)
+        value = rewards[info.id].value if info.id in rewards else None
         calls = calls_of.get(info.id, [])
         latency = (info.ended_at - info.started_at).total_seconds() if info.ended_at else None
         out.append(RolloutFacts(info=info, harness=harness, domain=task.get("domain") or "(none)", reward=value,
                                 passed=_passed(info.outcome, value, config), latency_s=latency,
                                 rubrics=rollout_rubrics(calls, task_metadata=task.get("metadata"), config=config,
                                                         rollout_id=info.id)))
-    return out
-
-
-def excluded_reasons(store: Store) -> dict[str, set[str]]:
-    """Rollout id -> the exclusion reasons recorded for it (any export)."""
-    out: dict[str, set[str]] = defaultdict(set)
-    with store.engine.connect() as conn:
-        for rid, reason in conn.execute(sa.text("SELECT rollout_id, reason FROM exclusions WHERE rollout_id IS NOT NULL")):
-            out[rid].add(reason)
     return out
 
 
@@ -162,26 +175,35 @@ def summary_rows(facts: Sequence[RolloutFacts], by: str, *, ks: Sequence[int] = 
     return rows
 
 
+def behaviour(facts: Sequence[RolloutFacts]) -> dict:
+    """Tool-use rubrics over these rollouts, pooled (rates over all their tool calls; means for coverage and
+    efficiency): one row of the behaviour table without its slice."""
+    rs = [f.rubrics for f in facts]
+    tool_calls = sum(r.n_tool_calls for r in rs)
+    wrote = [r for r in rs if r.wrote]
+    return {
+        "rollouts": len(rs), "tool_calls": tool_calls, "tool_calls_per_rollout": _ratio(tool_calls, len(rs)),
+        "shell_share": _ratio(sum(r.category_counts.get("shell", 0) for r in rs), tool_calls),
+        "format_ok_rate": _ratio(sum(r.format_ok for r in rs), tool_calls),
+        "failed_tool_calls": sum(r.failed for r in rs),
+        "recovery_rate": _ratio(sum(r.recovered for r in rs), sum(r.failed for r in rs)),
+        "self_verification_rate": _ratio(sum(bool(r.self_verified) for r in wrote), len(wrote)),
+        "tool_coverage": _mean(r.coverage for r in rs),
+        # over rollouts that passed: a rollout that gives up after one call is not "efficient"
+        "step_efficiency": _mean(f.rubrics.efficiency for f in facts if f.passed),
+    }
+
+
 def behaviour_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
-    """Tool-use rubrics per slice (pooled rates; means for coverage and efficiency)."""
-    rows = []
-    for key, fs in _groups(facts, by).items():
-        rs = [f.rubrics for f in fs]
-        tool_calls = sum(r.n_tool_calls for r in rs)
-        wrote = [r for r in rs if r.wrote]
-        rows.append({
-            by: key, "rollouts": len(fs), "tool_calls": tool_calls,
-            "tool_calls_per_rollout": tool_calls / len(fs),
-            "shell_share": _ratio(sum(r.category_counts.get("shell", 0) for r in rs), tool_calls),
-            "format_ok_rate": _ratio(sum(r.format_ok for r in rs), tool_calls),
-            "failed_tool_calls": sum(r.failed for r in rs),
-            "recovery_rate": _ratio(sum(r.recovered for r in rs), sum(r.failed for r in rs)),
-            "self_verification_rate": _ratio(sum(bool(r.self_verified) for r in wrote), len(wrote)),
-            "tool_coverage": _mean(r.coverage for r in rs),
-            # over rollouts that passed: a rollout that gives up after one call is not "efficient"
-            "step_efficiency": _mean(f.rubrics.efficiency for f in fs if f.passed),
-        })
-    return rows
+    """Tool-use rubrics per slice (:func:`behaviour` of each)."""
+    return [{by: key, **behaviour(fs)} for key, fs in _groups(facts, by).items()]
+
+
+def rubric_summary(store: Store, rollouts: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
+                   reward_sources: Sequence[str] | None = None) -> dict:
+    """The behaviour rubrics of ``openforge analyze`` over these rollouts (a dashboard's sample), by the same code:
+    :func:`behaviour` of their facts."""
+    return behaviour(rollout_facts(store, rollouts, config=config, reward_sources=_check_sources(reward_sources)))
 
 
 def tool_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
@@ -223,15 +245,17 @@ def exclusion_rows(facts: Sequence[RolloutFacts], by: str, excluded: dict[str, s
 
 def analyze(store: Store, *, by: str = "policy_version", ks: Sequence[int] = (1, 5),
             config: RubricConfig | None = None, since: datetime | None = None,
+            reward_sources: Sequence[str] | None = None,
             progress: Callable[[int], None] | None = None) -> dict[str, list[dict]]:
-    """Every table of ``openforge analyze``: summary, behaviour, categories, tools, exclusions."""
+    """Every table of ``openforge analyze``: summary, behaviour, categories, tools, exclusions. Only rewards from
+    ``reward_sources`` count (None: every source)."""
     if by not in SLICES:
         raise AnalysisError(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
     if any(k < 1 for k in ks):
         raise AnalysisError(f"--k {list(ks)}: k must be 1 or more; pass e.g. --k 1 --k 5")
     config = config or RubricConfig()
-    facts = collect(store, config=config, since=since, progress=progress)
-    excluded = excluded_reasons(store)
+    facts = collect(store, config=config, since=since, reward_sources=reward_sources, progress=progress)
+    excluded = store.exclusion_reasons()
     return {"summary": summary_rows(facts, by, ks=ks, excluded=excluded, config=config),
             "behaviour": behaviour_rows(facts, by), "categories": category_rows(facts, by),
             "tools": tool_rows(facts, by), "exclusions": exclusion_rows(facts, by, excluded)}

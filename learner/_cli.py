@@ -131,6 +131,9 @@ def analyze_command(
     k: list[int] = typer.Option([1, 5], "--k", help="pass@k / pass^k for these k (repeat: --k 1 --k 5)."),
     since: Optional[str] = typer.Option(None, "--since", help="Only rollouts started on or after this date (YYYY-MM-DD)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Rubric rules as TOML (see learner/_analysis_config.py)."),
+    reward_source: list[str] = typer.Option([], "--reward-source", help="Only rewards from this source count "
+                                            "(verifier | judge | human | api; repeat for several; default: every "
+                                            "source). A rollout's reward is its latest from these."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Also write every table as CSV into this folder."),
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="Also write every table as Parquet into this folder."),
 ) -> None:
@@ -152,7 +155,7 @@ def analyze_command(
         _fail(exc)
     st = _open(store, read_only=True)
     try:
-        report = analyze(st, by=by, ks=tuple(k), config=cfg, since=start)
+        report = analyze(st, by=by, ks=tuple(k), config=cfg, since=start, reward_sources=tuple(reward_source) or None)
     except AnalysisError as exc:
         _fail(exc)
     finally:

@@ -12,9 +12,10 @@ Where we depart from the paper / veRL, on purpose:
 3. **Discount across segments.** Segment t of T gets reward ``gamma**(T-t) * r_T`` and advantage
    ``gamma**(T-t) * A``; gamma = 1 (the default) is plain GRPO.
 4. **float64** arithmetic (veRL: float32 tensors); expect agreement to ~1e-6, not bit-exactness.
-5. **Terminal reward = the latest reward row** (by ingest order, as of the export watermark) from the chosen
-   sources. Rewards are append-only, so a re-grade is a new row that supersedes the old one for training; the
-   superseded rows stay in the store and the chosen reward id goes into the sample's lineage.
+5. **Terminal reward = the reward that counts** by the store's one rule (``Store.latest_rewards``: the latest row
+   by ingest order, as of the export watermark, from the chosen sources). Rewards are append-only, so a re-grade is
+   a new row that supersedes the old one for training; the superseded rows stay in the store and the chosen reward
+   id goes into the sample's lineage.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-
-from forge_store import RewardInfo
 
 SINGLETON_MODES = ("zero", "verl")
 
@@ -80,17 +79,6 @@ def grpo_advantages(groups: Mapping[str, Sequence[float]], cfg: GrpoConfig = Grp
 def segment_values(value: float, n_segments: int, gamma: float) -> list[float]:
     """``gamma**(T-t) * value`` for segments t = 0..T (T = n_segments - 1)."""
     return [value * gamma ** (n_segments - 1 - t) for t in range(n_segments)]
-
-
-def pick_reward(rewards: Iterable[RewardInfo], sources: Sequence[str] | None = None) -> RewardInfo | None:
-    """The terminal reward: the latest row by ingest order among ``sources`` (all sources when None)."""
-    best = None
-    for r in rewards:
-        if sources is not None and r.source not in sources:
-            continue
-        if best is None or r.ingest_seq > best.ingest_seq:
-            best = r
-    return best
 
 
 def policy_order(policy_rows: Sequence[dict]) -> dict[str, int]:

@@ -15,6 +15,10 @@ Rules 3 and 6 do not apply to the SFT format (it needs no reward). Calls are the
 (``infra_error``, ``not_token_exact``, ``truncated``; see :mod:`learner._reconstruct`); a rollout whose calls are all
 excluded still counts in its group's GRPO statistics, since its reward is a fair sample of the policy.
 A rollout without a group is a group of its own (target size 1).
+
+A rollout's reward is the one that counts by the store's rule (``Store.latest_rewards``: its latest from
+``reward_sources``). Rewards and calls are read for runs of groups at once (``Store.latest_rewards``,
+``Store.calls_by_rollout``), one query each per run.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from forge_store import RewardInfo, RolloutInfo, Store, StoredCall
 
-from ._grpo import GrpoConfig, group_advantages, pick_reward, policy_lag, policy_order, segment_values
+from ._grpo import GrpoConfig, group_advantages, policy_lag, policy_order, segment_values
 from ._query import parse_where
 from ._reconstruct import CallExclusion, Reconstruction, call_problem, reconstruct_rollout
 
@@ -118,8 +122,8 @@ class Planner:
     """Walks the store as of one watermark and yields groups ready to write, in (group, rollout) order."""
 
     def __init__(self, store: Store, cfg: ExportConfig, watermark: int,
-                 on_exclusion: Callable[[Exclusion], None] | None = None):
-        self.store, self.cfg, self.wm = store, cfg, watermark
+                 on_exclusion: Callable[[Exclusion], None] | None = None, *, batch_rollouts: int = 64):
+        self.store, self.cfg, self.wm, self.batch_rollouts = store, cfg, watermark, batch_rollouts
         self.on_exclusion = on_exclusion or (lambda e: None)
         self.tally = Tally()
         self.pred = parse_where(cfg.where) if cfg.where else None
@@ -177,22 +181,42 @@ class Planner:
         return None
 
     def __iter__(self) -> Iterator[GroupPlan]:
-        for key in sorted(self.buckets):
-            plan = self._group(key, sorted(self.buckets[key], key=lambda r: r.id))
-            if plan is not None:
-                yield plan
+        for chunk in self._chunks():
+            groups = {key: sorted(self.buckets[key], key=lambda r: r.id) for key in chunk}
+            infos = [info for members in groups.values() for info in members]
+            rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
+            rules = {i.id: self._rollout_rule(i, rewards.get(i.id)) for i in infos}
+            calls = self.store.calls_by_rollout([i.id for i in infos if rules[i.id] is None], as_of=self.wm)
+            for key, members in groups.items():
+                plan = self._group(key, members, rewards, rules, calls)
+                if plan is not None:
+                    yield plan
 
-    def _group(self, key: str, infos: list[RolloutInfo]) -> GroupPlan | None:
-        cfg, wm = self.cfg, self.wm
+    def _chunks(self) -> Iterator[list[str]]:
+        """Group keys in order, in runs of about ``batch_rollouts`` rollouts (a group is never split): the store
+        reads the rewards and calls of a run in one query each, and only one run's calls are in memory."""
+        chunk: list[str] = []
+        n = 0
+        for key in sorted(self.buckets):
+            if chunk and n + len(self.buckets[key]) > self.batch_rollouts:
+                yield chunk
+                chunk, n = [], 0
+            chunk.append(key)
+            n += len(self.buckets[key])
+        if chunk:
+            yield chunk
+
+    def _group(self, key: str, infos: list[RolloutInfo], rewards: dict[str, RewardInfo],
+               rules: dict[str, tuple[str, dict] | None], calls_of: dict[str, list[StoredCall]]) -> GroupPlan | None:
+        cfg = self.cfg
         group = self.groups.get(key)
         survivors: list[RolloutPlan] = []
         for info in infos:
-            reward = pick_reward(self.store.rewards(info.id, as_of=wm), cfg.reward_sources)
-            rule = self._rollout_rule(info, reward)
+            reward, rule = rewards.get(info.id), rules[info.id]
             if rule:
                 self._exclude(rule[0], info.id, **rule[1])
                 continue
-            calls = self.store.calls(info.id, as_of=wm)
+            calls = calls_of.pop(info.id)
             stale = self._stale(info, calls)
             if stale:
                 self._exclude("stale_policy", info.id, **stale)

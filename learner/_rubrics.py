@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from forge_store import StoredCall
+from forge_store import CallSummary, StoredCall
 
 from ._analysis_config import READ, SEARCH, SHELL, WRITE, RubricConfig
 
@@ -101,7 +101,7 @@ def _text(content) -> str:
     return str(content)
 
 
-def _assistant_tool_calls(call: StoredCall) -> list[dict]:
+def _assistant_tool_calls(call: StoredCall | CallSummary) -> list[dict]:
     msg = call.response_message or call.response or {}
     return [tc for tc in (msg.get("tool_calls") or []) if isinstance(tc, dict)]
 
@@ -177,7 +177,7 @@ def _check_format(name: str, raw, declared: dict | None) -> tuple[dict | None, s
     return args, None
 
 
-def tool_steps(calls: Sequence[StoredCall], config: RubricConfig | None = None) -> list[ToolStep]:
+def tool_steps(calls: Sequence[StoredCall | CallSummary], config: RubricConfig | None = None) -> list[ToolStep]:
     """The rollout's tool calls in order, each with its format verdict and its result."""
     config = config or RubricConfig()
     ordered = sorted(calls, key=lambda c: (c.seq, c.id))
@@ -304,9 +304,10 @@ def step_efficiency(reference_steps: int | float | None, steps_taken: int) -> fl
     return min(1.0, float(reference_steps) / steps_taken)
 
 
-def rollout_rubrics(calls: Sequence[StoredCall], *, task_metadata: dict | None = None,
+def rollout_rubrics(calls: Sequence[StoredCall | CallSummary], *, task_metadata: dict | None = None,
                     config: RubricConfig | None = None, rollout_id: str | None = None) -> RolloutRubrics:
-    """Every rubric of one rollout from its stored calls (``Store.calls``) and its task's metadata."""
+    """Every rubric of one rollout from its calls (``Store.calls``, or the lighter ``Store.call_summaries``, which
+    give the same answers) and its task's metadata."""
     config = config or RubricConfig()
     meta = task_metadata or {}
     steps = tool_steps(calls, config)

@@ -48,6 +48,23 @@ def test_analyze_by_other_slices(seeded, by):
     assert ("react@1.0" if by == "harness" else "swe") in res.output
 
 
+def test_analyze_counts_rewards_from_chosen_sources(seeded, tmp_path):
+    with open_store(seeded, settings=Settings(home=tmp_path / "home")) as st:
+        rid = next(r.id for r in st.iter_rollouts() if r.outcome == "success" and r.policy_version_id == "policy-v2")
+        st.add_reward(rid, 0.0, source="judge")  # a later re-grade of a success, by another source
+    args = ["analyze", "--store", seeded, "--k", "1"]
+    rates = {}
+    for sources in ([], ["--reward-source", "verifier"], ["--reward-source", "judge", "--reward-source", "verifier"]):
+        res = runner.invoke(app, [*args, *sources, "--csv", str(tmp_path / "csv")])
+        assert res.exit_code == 0, res.output
+        with open(tmp_path / "csv" / "summary.csv") as f:
+            rates[len(sources)] = {r["policy_version"]: float(r["success_rate"]) for r in csv.DictReader(f)}
+    assert rates[0] == rates[4] and rates[2]["policy-v1"] == rates[0]["policy-v1"]
+    assert rates[2]["policy-v2"] > rates[0]["policy-v2"]  # without the judge, that success passes again
+    res = runner.invoke(app, [*args, "--reward-source", "verifer"])
+    assert res.exit_code == 2 and "--reward-source 'verifer'" in res.output and "verifier, judge" in res.output
+
+
 def test_sql_over_the_store(seeded, tmp_path):
     res = runner.invoke(app, ["sql", "SELECT tool_name, count(*) AS n FROM tool_calls GROUP BY 1 ORDER BY 1",
                               "--store", seeded])

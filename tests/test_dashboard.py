@@ -8,10 +8,10 @@ import pytest
 import sqlalchemy as sa
 from streamlit.testing.v1 import AppTest
 
-from forge_store import Settings, open_store
+from forge_store import Settings, Window, open_store
 from forge_store import _migrate as migrate
 from forge_store._engine import create_engine
-from forge_store.testing import seed_demo_store
+from forge_store.testing import Turn, agent_calls, seed_demo_store
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
 
@@ -55,6 +55,11 @@ def test_every_page_on_a_seeded_store(seeded, monkeypatch):
     text = _texts(at)
     assert "Rollout r-0-0-0" in text and "sha256:abab" in text and "policy-v1" in text and "react" in text
     assert not at.warning, [w.value for w in at.warning]  # its screenshot is in the blob store
+    assert at.metric[1].label == "Reward" and at.metric[1].value in ("0", "1")
+    at.sidebar.multiselect(key="reward_sources").set_value(["judge"]).run()  # the demo's rewards are the verifier's
+    assert at.metric[1].value == "none" and not at.exception
+    assert at.dataframe[0].value["reward"].isna().all()
+    at.sidebar.multiselect(key="reward_sources").set_value([]).run()
     at.number_input(key="step").set_value(2).run()
     text = _texts(at)
     assert "read_file" in text and "src/app.py" in text and not at.exception
@@ -108,3 +113,42 @@ def test_old_migration_is_a_warning(tmp_path, monkeypatch):
     monkeypatch.setattr(migrate, "known_revisions", lambda: {"0001", "9999"})
     at = _app(monkeypatch, url, tmp_path / "home")
     assert not at.exception and "openforge db upgrade" in at.warning[0].value
+
+
+def test_behaviour_rubrics_are_those_of_analyze(seeded):
+    """The Behaviour page's rubrics come from the same code as ``openforge analyze``: same numbers, same slices."""
+    from dashboards._context import Context
+    from dashboards._queries import RUBRICS
+    from dashboards._views.behaviour import compare
+    from learner import analyze
+
+    url, home = seeded
+    with open_store(url, settings=Settings(home=home)) as st:
+        page = compare(Context(store=st, window=Window()), "policy_version_id", "policy-v1", "policy-v2", sample=100)
+        rows = {r["policy_version"]: r for r in analyze(st)["behaviour"]}
+    for pv in ("policy-v1", "policy-v2"):
+        shown = page["rubrics"][pv].to_dict()
+        assert shown == pytest.approx({k: rows[pv][k] for k in RUBRICS}), pv
+
+
+def test_no_successful_rollout_means_no_step_efficiency_anywhere(tmp_path, monkeypatch):
+    """Step efficiency is over rollouts that passed: with none, the dashboard and ``openforge analyze`` show none."""
+    from learner import analyze
+
+    url, home = f"sqlite:///{tmp_path / 's.sqlite'}", tmp_path / "home"
+    with open_store(url, settings=Settings(home=home)) as st:
+        st.register_task("t", metadata={"reference_steps": 2})
+        for i in range(3):
+            st.start_rollout(f"r{i}", task_id="t", policy_version_id="p")
+            for rec in agent_calls(f"r{i}", [Turn([("bash", {"command": "ls"})], ["ok"]), Turn(text="gave up")],
+                                   policy_version_id="p"):
+                st.record_call(rec)
+            st.finish_rollout(f"r{i}", "failure")
+            st.add_reward(f"r{i}", 0.0)
+        assert analyze(st)["behaviour"][0]["step_efficiency"] is None
+    at = _app(monkeypatch, url, home)
+    at.sidebar.radio(key="page").set_value("Behaviour").run()
+    assert not at.exception, at.exception
+    rubrics = at.dataframe[-1].value
+    assert "step_efficiency" in rubrics.index and rubrics.loc["step_efficiency"].isna().all()
+    assert rubrics.loc["tool_coverage"].isna().all() and rubrics.loc["rollouts"].eq(3).all()

@@ -12,7 +12,6 @@ from forge_store import open_store
 from forge_store.testing import T0, Turn, agent_calls
 from learner._analysis import analyze, collect, summary_rows
 from learner._analysis_config import RubricConfig, RubricConfigError
-from learner._analysis_reads import light_calls
 from learner._rubrics import (
     pass_at_k,
     pass_at_k_exact,
@@ -95,7 +94,7 @@ def test_every_rubric_on_known_trajectories(st):
     assert bad.efficiency == 1.0  # 10 reference steps / 8 taken, capped
 
     # the batched light reads the analysis and dashboards use give the same answers as full Store.calls reads
-    light = light_calls(st.engine, ["good", "bad", "quiet"])
+    light = st.call_summaries(["good", "bad", "quiet"])
     assert rollout_rubrics(light["good"], task_metadata=tasks["t1"]) == good
     assert rollout_rubrics(light["bad"], task_metadata=tasks["t2"]) == bad
 

@@ -1,7 +1,8 @@
 """Behaviour: tool distributions and rubrics of two policy versions (or two harnesses), side by side.
 
-Tool counts and pass@k are aggregated in SQL over the latest rollouts of each side in the window; the rubrics that
-need whole trajectories (format, recovery, self-verification, coverage, efficiency) use a smaller sample.
+Tool counts and pass@k are aggregated by the store over the latest rollouts of each side in the window; the rubrics
+that need whole trajectories (format, recovery, self-verification, coverage, efficiency) use a smaller sample and
+the same code as ``openforge analyze``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from .._context import Context
-from .._queries import SIDES, filter_options, latest_rollouts, pass_rates, rubric_sample, tool_distribution
+from .._queries import SIDES, pass_rates, rubric_sample, tool_distribution
 
 MAX_ROLLOUTS = 500
 RUBRIC_SAMPLE = 50
@@ -19,13 +20,13 @@ RUBRIC_SAMPLE = 50
 def compare(ctx: Context, side: str, a: str, b: str, *, max_rollouts: int = MAX_ROLLOUTS,
             sample: int = RUBRIC_SAMPLE) -> dict[str, pd.DataFrame]:
     """The page's data for two slices; also what ``bench/dashboard_queries.py`` times."""
-    engine = ctx.store.engine
+    store, sources = ctx.store, ctx.reward_sources
     tools, rates, rubrics = [], {}, {}
     for value in (a, b):
-        ids = latest_rollouts(engine, ctx.window, side, value, max_rollouts)
-        tools.append(tool_distribution(engine, ids).assign(side=value))
-        rates[value] = pass_rates(engine, ctx.window, side, value)
-        rubrics[value] = rubric_sample(engine, ids[:sample])
+        latest = store.stats.latest_rollouts(ctx.window, side, value, max_rollouts)
+        tools.append(tool_distribution(store, [r.id for r in latest]).assign(side=value))
+        rates[value] = pass_rates(store, ctx.window, side, value, reward_sources=sources)
+        rubrics[value] = rubric_sample(store, latest[:sample], reward_sources=sources)
     return {"tools": pd.concat(tools, ignore_index=True), "pass": pd.DataFrame(rates),
             "rubrics": pd.DataFrame(rubrics)}
 
@@ -34,7 +35,7 @@ def render(ctx: Context) -> None:
     st.header("Behaviour")
     side_label = st.radio("Compare", list(SIDES), horizontal=True, key="side")
     side = SIDES[side_label]
-    values = filter_options(ctx.store.engine)[side]
+    values = ctx.store.stats.filter_options()[side]
     if not values:
         st.info(f"No rollout records a {side_label}; nothing to compare.")
         return
@@ -56,5 +57,6 @@ def render(ctx: Context) -> None:
     rub = data["rubrics"]
     st.bar_chart(rub.drop(index=["rollouts"], errors="ignore").astype(float))
     st.dataframe(rub, width="stretch")
-    st.caption(f"Tool counts over the latest {MAX_ROLLOUTS} rollouts of each side in the window. Rules: "
+    st.caption(f"Tool counts over the latest {MAX_ROLLOUTS} rollouts of each side in the window. Rubrics as "
+               "`openforge analyze` reports them (step efficiency over the rollouts that passed). Rules: "
                "learner/_rubrics.py; categories and error patterns: learner/_analysis_config.py.")

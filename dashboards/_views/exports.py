@@ -13,7 +13,7 @@ from .._queries import exports
 
 def render(store: Store) -> None:
     st.header("Exports")
-    df = exports(store.engine)
+    df = exports(store)
     if df.empty:
         st.info("No exports yet: run `openforge export --out DIR` to build training shards.")
         return

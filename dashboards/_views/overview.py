@@ -11,7 +11,7 @@ from .._queries import overview
 
 def render(ctx: Context) -> None:
     st.header("Overview")
-    data = overview(ctx.store.engine, ctx.window)
+    data = overview(ctx.store, ctx.window)
     by_day, outcomes = data["by_day"], data["outcomes"]
     if outcomes.empty:
         st.info("No finished rollouts in this time window; widen the date range in the sidebar.")

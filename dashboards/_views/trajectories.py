@@ -6,12 +6,11 @@ import json
 
 import streamlit as st
 
-from forge_store import NotFound, StoreError, Trajectory
-from learner._grpo import pick_reward
-from learner._rubrics import tool_steps
+from forge_store import NotFound, StoreError, Trajectory, latest_reward
+from learner import tool_steps
 
 from .._context import Context
-from .._queries import filter_options, rollout_page
+from .._queries import rollout_page
 
 ANY = "(any)"
 PAGE_SIZE = 50
@@ -19,7 +18,7 @@ PAGE_SIZE = 50
 
 def render(ctx: Context) -> None:
     st.header("Trajectories")
-    options = filter_options(ctx.store.engine)
+    options = ctx.store.stats.filter_options()
     cols = st.columns(4)
     labels = {"task_id": "Task", "harness_id": "Harness", "outcome": "Outcome", "policy_version_id": "Policy version"}
     filters = {col: cols[i].selectbox(label, [ANY, *options[col]], key=f"f_{col}")
@@ -27,7 +26,8 @@ def render(ctx: Context) -> None:
     filters = {k: (None if v == ANY else v) for k, v in filters.items()}
     pages = max(1, -(-_count(ctx, filters) // PAGE_SIZE))
     page = st.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, key="page_no")
-    rows, total = rollout_page(ctx.store.engine, ctx.window, filters, page=int(page) - 1, page_size=PAGE_SIZE)
+    rows, total = rollout_page(ctx.store, ctx.window, filters, page=int(page) - 1, page_size=PAGE_SIZE,
+                               reward_sources=ctx.reward_sources)
     if rows.empty:
         st.info("No rollouts match these filters in this time window.")
         return
@@ -48,14 +48,14 @@ def render(ctx: Context) -> None:
 
 
 def _count(ctx: Context, filters) -> int:
-    return rollout_page(ctx.store.engine, ctx.window, filters, page=0, page_size=1)[1]
+    return ctx.store.stats.rollout_page(ctx.window, filters, page=0, page_size=1)[1]
 
 
 def _lineage(ctx: Context, traj: Trajectory) -> None:
     r = traj.rollout
     harnesses = {h["id"]: h for h in ctx.store.lineage("harnesses")}
     h = harnesses.get(r.harness_id) or {}
-    reward = pick_reward(traj.rewards)
+    reward = latest_reward(traj.rewards, ctx.reward_sources)
     schemas = sorted({c.tool_schema_hash for c in traj.calls if c.tool_schema_hash})
     policies = sorted({p for p in [r.policy_version_id, *(c.policy_version_id for c in traj.calls)] if p})
     st.subheader(f"Rollout {r.id}")
