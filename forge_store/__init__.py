@@ -30,7 +30,7 @@ from ._rewards import latest_reward
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
 from ._store import Store, open_store
-from ._write.journal import JournalCorrupt, JournalError, JournalLocked
+from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
 
 
 def __getattr__(name: str):

@@ -19,7 +19,7 @@ from . import _migrate as migrate
 from ._engine import create_engine, redact_url
 from ._errors import StoreError
 from ._settings import get_settings
-from ._write.journal import JournalError
+from ._write.journal_files import JournalError
 
 db_app = typer.Typer(help="Schema migrations of the lineage store.", no_args_is_help=True)
 store_app = typer.Typer(help="Inspect, snapshot and drain the lineage store.", no_args_is_help=True)

@@ -29,7 +29,9 @@ from ._store_reads import StoreReads
 from ._write.call_encoder import CallEncoder, PromptPart
 from ._write.db_apply import apply_ops, check_lengths
 from ._write.journal import Journal
-from ._write.writer import ProcessWriter, Writer, encode
+from ._write.op_codec import pack_op
+from ._write.process_writer import ProcessWriter
+from ._write.thread_writer import ThreadWriter
 
 log = logging.getLogger("forge_store")
 
@@ -55,13 +57,14 @@ class Store(StoreReads):
             raise ValueError(f"drain={drain!r}: use 'thread' (database writes in this process) or 'process'")
         if journal is not None and drain == "process":
             self._writer = ProcessWriter(
-                engine, journal, url=engine.url.render_as_string(hide_password=False),
+                journal, url=engine.url.render_as_string(hide_password=False),
                 batch_size=settings.writer_batch_size, linger_s=settings.drain_linger_s,
                 retry_max_s=settings.writer_retry_max_s,
             )
         elif journal is not None:
-            self._writer = Writer(
-                engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s, retry_max_s=settings.writer_retry_max_s,
+            self._writer = ThreadWriter(
+                engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s,
+                retry_max_s=settings.writer_retry_max_s,
             )
         with engine.connect() as conn:
             self.store_id = conn.execute(
@@ -73,7 +76,7 @@ class Store(StoreReads):
         if op["k"] != "call":  # a call's were checked by the encoder, before it changed its state
             check_lengths(op)
         if self._writer is None:
-            encode(op)  # what a journal could not hold is refused here too (InvalidRecord), whatever the database says
+            pack_op(op)  # what a journal could not hold is refused here too (InvalidRecord), whatever the database says
             with self.engine.begin() as conn:
                 apply_ops(conn, [op])
         else:

@@ -247,7 +247,7 @@ def test_a_killed_drain_process_is_restarted_and_loses_nothing(store_url, settin
 @pytest.mark.parametrize("drain", ["thread", "process"])
 def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_url, settings, drain):
     from forge_store._schema import utcnow
-    from forge_store._write.writer import decode
+    from forge_store._write.op_codec import unpack_op
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(10):
@@ -258,7 +258,7 @@ def test_a_write_the_database_rejects_is_dead_lettered_and_the_rest_lands(store_
         assert st.flush(30)
         assert st.writer_status()["dead_letters"] == 1
     (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
-    assert decode(kept.read_bytes())["r"]["name"] == "poison"
+    assert unpack_op(kept.read_bytes())["r"]["name"] == "poison"
     _check_exactly_once(store_url, settings, [f"c{i}" for i in range(20)])
 
 
@@ -267,7 +267,7 @@ def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(sto
     """The proxy journals an engine's prompt ids as text (IdsText) and only the writer checks them in full: an id
     no tokenizer has (past uint32) costs that call a dead letter, and the calls of other rollouts land."""
     from forge_store._tokens import IdsText
-    from forge_store._write.writer import decode
+    from forge_store._write.op_codec import unpack_op
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(20):
@@ -277,7 +277,7 @@ def test_prompt_ids_text_that_is_not_ids_is_dead_lettered_and_the_rest_lands(sto
         assert st.flush(30)
         assert st.writer_status()["dead_letters"] == 1
     (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
-    assert decode(kept.read_bytes())["r"]["id"] == "c19"  # the last call of its rollout: nothing builds on it
+    assert unpack_op(kept.read_bytes())["r"]["id"] == "c19"  # the last call of its rollout: nothing builds on it
     _check_exactly_once(store_url, settings, [f"c{i}" for i in range(19)])
 
 
@@ -286,7 +286,7 @@ def test_completion_ids_that_cannot_be_stored_are_dead_lettered_and_the_rest_lan
     """Completion ids and logprobs are journaled as lists and packed by the database side: an id outside uint32
     costs its call a dead letter there, and every other call lands (without a journal it is refused at once)."""
     from forge_store._tokens import IdsText
-    from forge_store._write.writer import decode
+    from forge_store._write.op_codec import unpack_op
 
     with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
         for i in range(20):
@@ -298,7 +298,7 @@ def test_completion_ids_that_cannot_be_stored_are_dead_lettered_and_the_rest_lan
         assert st.flush(30)
         assert st.writer_status()["dead_letters"] == 1
     (kept,) = (settings.resolved_journal_dir() / "dead-letter").glob("*.msgpack")
-    assert decode(kept.read_bytes())["r"]["id"] == "c19"
+    assert unpack_op(kept.read_bytes())["r"]["id"] == "c19"
     _check_exactly_once(store_url, settings, [f"c{i}" for i in range(19)])
     with open_store(store_url, journal=False, settings=settings) as st:
         rec = make_call("d0", "rd", 0, completion_ids=[-1])

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_store._write.journal import Journal, JournalCorrupt, JournalError, JournalLocked, Position
+from forge_store._write.journal import Journal
+from forge_store._write.journal_files import JournalCorrupt, JournalError, JournalLocked, Position
 
 
 def records(j: Journal, after: Position | None = None) -> list[bytes]:
@@ -123,7 +124,7 @@ def _ten(tmp_path) -> Path:
 def test_torn_tail_is_cut_off(tmp_path, caplog, damage):
     seg = _ten(tmp_path)
     seg.write_bytes(damage(seg.read_bytes()))
-    with caplog.at_level(logging.WARNING, logger="forge_store._write.journal"), Journal(tmp_path) as j:
+    with caplog.at_level(logging.WARNING, logger="forge_store._write.journal_files"), Journal(tmp_path) as j:
         assert records(j) == [f"record-{i}".encode() for i in range(9)]
         assert "dropping" in caplog.text and seg.name in caplog.text
         pos = j.append(b"after")
@@ -136,7 +137,7 @@ def test_partial_header_garbage_keeps_every_record(tmp_path, caplog):
     size = seg.stat().st_size
     with open(seg, "ab") as f:
         f.write(b"\x05\x00")
-    with caplog.at_level(logging.WARNING, logger="forge_store._write.journal"), Journal(tmp_path) as j:
+    with caplog.at_level(logging.WARNING, logger="forge_store._write.journal_files"), Journal(tmp_path) as j:
         assert records(j) == [f"record-{i}".encode() for i in range(10)]
         assert "dropping 2 bytes" in caplog.text
     assert seg.stat().st_size == size
@@ -174,7 +175,8 @@ def test_empty_payload_rejected(tmp_path):
 _TRY_OPEN = textwrap.dedent(
     """
     import sys
-    from forge_store._write.journal import Journal, JournalLocked
+    from forge_store._write.journal import Journal
+    from forge_store._write.journal_files import JournalLocked
     try:
         Journal(sys.argv[1]).close()
     except JournalLocked as e:

@@ -349,7 +349,8 @@ def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_pat
     import errno
 
     from forge_store._write import journal as journal_module
-    from forge_store._write.writer import decode
+    from forge_store._write.journal_files import HEADER
+    from forge_store._write.op_codec import unpack_op
 
     refused: list[str] = []  # the kind of each journal operation the disk refused
 
@@ -363,8 +364,8 @@ def test_a_journal_that_cannot_write_withholds_the_answer_with_a_503(up, tmp_pat
 
         @staticmethod
         def write(fd, data):
-            size = journal_module._HEADER.size
-            refused.append(decode(bytes(data[size:size + journal_module._HEADER.unpack(data[:size])[0]]))["k"])
+            size = HEADER.size
+            refused.append(unpack_op(bytes(data[size:size + HEADER.unpack(data[:size])[0]]))["k"])
             raise OSError(errno.ENOSPC, "No space left on device")
 
     harness, serve = make_proxy(up, tmp_path, proxy_journal_fsync=fsync)

@@ -281,11 +281,11 @@ def test_message_bodies_are_journaled_once_ahead_of_their_calls(store_url, setti
     side. Everything reads back as recorded, on both databases."""
     import asyncio
 
-    from forge_store._write import writer as writer_module
+    from forge_store._write import journaling_writer
 
     ops = []
-    real_encode = writer_module.encode
-    monkeypatch.setattr(writer_module, "encode", lambda op: (ops.append(op), real_encode(op))[1])
+    real_pack = journaling_writer.pack_op
+    monkeypatch.setattr(journaling_writer, "pack_op", lambda op: (ops.append(op), real_pack(op))[1])
     settings = settings.model_copy(update={"journal_fsync": False})
     recs = [make_call(f"c{t}", "r", t) for t in range(5)]
 

@@ -3,11 +3,19 @@
 An operation is a dict ``{"k": kind, "r": row, ...}`` exactly as it sits in the journal. Replaying an operation
 that already landed changes nothing (``INSERT ... ON CONFLICT DO NOTHING``; a rollout's finish only applies to a
 rollout not yet finished), so the writer may re-apply any suffix of the journal after a crash.
+
+``apply_ops`` turns a batch into SQL inside the caller's transaction; ``BatchApplier`` owns the transactions: it
+retries while the database is unreachable and dead-letters an operation the database refuses for good. Both
+writers' database sides (``thread_writer``'s thread, ``drain_process``) apply through it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -16,6 +24,12 @@ from .. import _schema as schema
 from .._errors import InvalidRecord
 from .._hashing import canonical_json, sha256_hex
 from .._tokens import compress_packed, pack_ids, pack_logprobs
+from .op_codec import pack_op
+
+log = logging.getLogger(__name__)
+
+# What says "the database is away" rather than "the database refuses this": retried, never dead-lettered.
+TRANSIENT = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError, sa.exc.TimeoutError)
 
 TABLES: dict[str, sa.Table] = {
     "task": schema.Task.__table__,
@@ -109,7 +123,8 @@ def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
         if logprobs is not None and not isinstance(logprobs, bytes):
             row["completion_logprobs"] = pack_logprobs(logprobs)
     except (TypeError, ValueError) as exc:  # an id outside uint32 (InvalidRecord is a ValueError), a non-number
-        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored ({exc})") from None
+        raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored "
+                            f"({exc})") from None
     answer = op.get("resp")
     if answer is not None:
         try:
@@ -143,3 +158,49 @@ def _finish_rollouts(conn: sa.Connection, finishes: list[dict]) -> None:
             .where(_rollouts.c.id == f["id"], _rollouts.c.finished_seq.is_(None))
             .values(**values)
         )
+
+
+class BatchApplier:
+    """Applies batches of operations in one transaction each: while the database is unreachable it retries with
+    back-off (``wait(delay)`` sleeps and says whether to go on); an operation the database rejects for good is
+    isolated by halving the batch and kept in ``dead_letter_dir``, so one bad row never blocks or drops the rest."""
+
+    def __init__(self, dead_letter_dir: Path, retry_max_s: float):
+        self.dead_letter_dir, self.retry_max_s = dead_letter_dir, retry_max_s
+        self.db_down_since: float | None = None
+        self.dead_letters = 0
+
+    def apply(self, engine: sa.Engine, ops: list[dict], wait: Callable[[float], bool]) -> bool:
+        """True once ``ops`` are in the database (or dead-lettered); False if ``wait`` said to give up."""
+        delay = 0.05
+        while True:
+            try:
+                with engine.begin() as conn:
+                    apply_ops(conn, ops)
+                if self.db_down_since is not None:
+                    log.warning("database is back after %.1fs; draining the journal",
+                                time.monotonic() - self.db_down_since)
+                    self.db_down_since = None
+                return True
+            except TRANSIENT as exc:
+                if self.db_down_since is None:
+                    self.db_down_since = time.monotonic()
+                    log.warning("database unreachable (%s); writes stay in the journal and will drain",
+                                exc.__class__.__name__)
+                if not wait(delay):
+                    return False
+                delay = min(delay * 2, self.retry_max_s)
+            except (sa.exc.DBAPIError, InvalidRecord):  # the database refused it, or a value cannot be stored
+                if len(ops) == 1:
+                    self._dead_letter(ops[0])
+                    return True
+                mid = len(ops) // 2  # find the poison operation, keep the rest
+                return self.apply(engine, ops[:mid], wait) and self.apply(engine, ops[mid:], wait)
+
+    def _dead_letter(self, op: dict) -> None:
+        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it."""
+        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
+        path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
+        path.write_bytes(pack_op(op))
+        self.dead_letters += 1
+        log.error("database rejected a %s write; kept in %s for inspection", op.get("k"), path)

@@ -1,13 +1,14 @@
-"""The store's drain process: applies a journal another process appends to (``forge_store._write.writer.ProcessWriter``).
+"""The store's drain process: applies a journal another process appends to (``process_writer.ProcessWriter``).
 
-Run by the writer, not by hand: ``python -m forge_store._write.drain_process --journal DIR ...`` with the database URL in
-``OPENFORGE_DRAIN_URL`` (kept out of the process list). It reads complete records after the journal's checkpoint,
-applies them in batches, reports ``a SEGMENT OFFSET COUNT`` on stdout after each commit (``d 1`` / ``d 0`` when the
-database goes away / comes back, ``x N`` for dead letters) and saves the checkpoint about once a second. Commands on
-stdin: ``f`` apply now, ``q`` apply everything journaled and stop, ``Q`` stop after the current batch. End of input
-means the parent died: stop after the current batch without touching the checkpoint or the segments, which belong
-to whoever opens the journal next (it replays from the checkpoint; applying is idempotent). One drain per journal
-at a time (``DRAIN.lock``).
+Run by that writer, not by hand: ``python -m forge_store._write.drain_process --journal DIR ...``, with the
+database URL as the first bytes on stdin (``url_handshake``: kept out of the process list and the environment).
+It reads complete records after the journal's checkpoint (``JournalTail``), applies them in batches
+(``BatchApplier``), reports ``a SEGMENT OFFSET COUNT`` on stdout after each commit (``d 1`` / ``d 0`` when the
+database goes away / comes back, ``x N`` for dead letters, ``s`` once started) and saves the checkpoint about once
+a second. Commands on stdin, after the URL: ``f`` apply now, ``q`` apply everything journaled and stop, ``Q`` stop
+after the current batch. End of input means the parent died: stop after the current batch without touching the
+checkpoint or the segments, which belong to whoever opens the journal next (it replays from the checkpoint;
+applying is idempotent). One drain per journal at a time (``DRAIN.lock``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,34 @@ import time
 from pathlib import Path
 
 from .._engine import create_engine
-from .journal import JournalTail
-from .writer import BatchApplier, decode
+from .db_apply import BatchApplier
+from .journal_tail import JournalTail
+from .op_codec import unpack_op
 
-log = logging.getLogger("forge_store._write.drain_process")
+
+def url_handshake(url: str) -> bytes:
+    """What the parent writes first on the child's stdin: the database URL's length in bytes, a newline, the URL."""
+    data = url.encode()
+    return b"%d\n%s" % (len(data), data)
+
+
+def read_url_handshake(fd: int) -> str:
+    """Read ``url_handshake``'s bytes from ``fd`` and not one byte more (the parent's commands follow them)."""
+    head = b""
+    while not head.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte or len(head) > 20:
+            raise SystemExit("forge_store._write.drain_process: no database URL on stdin; this process is started by "
+                             "the store's ProcessWriter, which writes it there first")
+        head += byte
+    n, data = int(head), b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise SystemExit(f"forge_store._write.drain_process: stdin ended {n - len(data)} bytes into the database "
+                             "URL; the store's ProcessWriter that started this process is gone")
+        data += chunk
+    return data.decode()
 
 
 class Control:
@@ -96,7 +121,7 @@ def run(journal: Path, url: str, *, batch_size: int, linger_s: float, retry_max_
                 control.poll(linger_s)  # let the batch fill: fewer, larger transactions
                 batch += tail.read(batch_size - len(batch))
             control.wake = False
-            if not applier.apply(engine, [decode(payload) for _, payload in batch], wait):
+            if not applier.apply(engine, [unpack_op(payload) for _, payload in batch], wait):
                 break
             applied = batch[-1][0]
             if down and applier.db_down_since is None:
@@ -131,10 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.suppress(OSError):
         os.nice(10)
     logging.basicConfig(level=logging.WARNING, format="openforge drain: %(message)s", stream=sys.stderr)
-    url = os.environ.get("OPENFORGE_DRAIN_URL")
-    if not url:
-        raise SystemExit("forge_store._write.drain_process: OPENFORGE_DRAIN_URL is not set; this process is started by the store's "
-                         "ProcessWriter, which passes the database URL there")
+    url = read_url_handshake(0)
     run(args.journal, url, batch_size=args.batch_size, linger_s=args.linger, retry_max_s=args.retry_max,
         dead_letter=args.dead_letter or args.journal / "dead-letter", fsync=args.fsync)
 

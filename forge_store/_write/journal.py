@@ -1,11 +1,8 @@
-"""Local append-only journal: the durability layer behind the store's batched writer (DESIGN invariant 1).
+"""``Journal``: the local append-only journal a store's writer owns, the durability layer of DESIGN invariant 1.
 
-A call is journaled before it is acknowledged; the background writer later copies journal entries into the
-database, marks them committed, and after a restart replays `pending()`.
-
-On-disk format (v1): a directory with segment files `%016d.log`, a `CHECKPOINT` file and a `LOCK` file. A segment
-is a sequence of records `[u32 LE payload length][u32 LE crc32(payload)][payload]`; payloads are non-empty, so an
-all-zero header can only be a zero-filled torn tail. A record's `Position` is (segment, byte offset of its end).
+A write is journaled before it is acknowledged; the writer's database side later copies journal records into the
+database and saves a checkpoint (``mark_committed``); after a crash, the owner that opens the journal next cuts a
+torn tail off (the only repair it makes) and replays ``pending()``. The file format is ``journal_files``'s.
 
 Group commit: appenders hand framed records to one flusher thread, which writes everything queued in one write
 and one fsync, then releases all of them. After a batch of more than one record it lingers up to
@@ -16,11 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import json
-import logging
 import os
-import struct
 import threading
 import time
 import zlib
@@ -28,176 +21,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Journal", "JournalCorrupt", "JournalError", "JournalLocked", "JournalTail", "Position", "write_checkpoint"]
-
-log = logging.getLogger(__name__)
-
-_HEADER = struct.Struct("<II")
-_MAX_PAYLOAD = 0xFFFFFFFF
-_CHECKPOINT_FORMAT = 1
-
-
-class JournalError(Exception):
-    """Base class of journal errors."""
-
-
-class JournalCorrupt(JournalError):
-    """A damaged record that is not a torn tail of the last segment; it is never repaired automatically."""
-
-
-class JournalLocked(JournalError):
-    """Another process (or another Journal object) owns this journal directory."""
-
-
-@dataclass(frozen=True, order=True)
-class Position:
-    """Where a record ends: ordered by (segment, offset)."""
-
-    segment: int
-    offset: int
-
-
-class _Damage(Exception):
-    def __init__(self, offset: int, reason: str, torn: bool):
-        super().__init__(reason)
-        self.offset, self.reason, self.torn = offset, reason, torn
-
-
-def _frames(f, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """Yield (end offset, payload) of records in [start, end); raise _Damage (torn: a write cut short at end)."""
-    f.seek(start)
-    off = start
-    while off < end:
-        head = f.read(min(_HEADER.size, end - off))
-        if len(head) < _HEADER.size:
-            raise _Damage(off, f"incomplete header ({len(head)} of {_HEADER.size} bytes)", torn=True)
-        n, crc = _HEADER.unpack(head)
-        if n == 0:
-            rest = f.read(end - off - _HEADER.size)
-            zeros = head == bytes(_HEADER.size) and rest.count(0) == len(rest)
-            raise _Damage(off, "zero-length record", torn=zeros)
-        if off + _HEADER.size + n > end:
-            raise _Damage(off, f"record of {n} bytes runs past the end of the file at byte {end}", torn=True)
-        payload = f.read(n)
-        off += _HEADER.size + n
-        if zlib.crc32(payload) != crc:
-            raise _Damage(off - _HEADER.size - n, "CRC mismatch", torn=off == end)
-        yield off, payload
-
-
-def _segment_numbers(directory: Path) -> list[int]:
-    return sorted(int(p.name[:-4]) for p in directory.glob("*.log") if p.name[:-4].isdigit())
-
-
-def _load_checkpoint(directory: Path) -> Position | None:
-    path = directory / "CHECKPOINT"
-    try:
-        data = json.loads(path.read_text())
-        if data["format"] != _CHECKPOINT_FORMAT:
-            raise ValueError(f"format {data['format']} is not {_CHECKPOINT_FORMAT}")
-        return Position(int(data["segment"]), int(data["offset"]))
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as e:
-        raise JournalCorrupt(
-            f"{path}: unreadable checkpoint ({e}); it must be JSON with format {_CHECKPOINT_FORMAT}, segment and "
-            f"offset. Restore it, or delete it to replay every remaining record."
-        ) from None
-
-
-def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> int:
-    """Atomically save ``pos`` as the journal's checkpoint (a temporary file per process, then a rename); returns
-    how many fsyncs that took."""
-    path, tmp = directory / "CHECKPOINT", directory / f"CHECKPOINT.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"format": _CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if not fsync:
-        return 0
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return 2
-
-
-def _delete_committed(directory: Path, pos: Position, active: int) -> None:
-    """Delete the segments wholly at or before ``pos``, never ``active`` (the one being appended to) or later."""
-    for seg in _segment_numbers(directory):
-        if seg >= active or seg > pos.segment:
-            break
-        seg_path = directory / f"{seg:016d}.log"
-        if seg < pos.segment or os.path.getsize(seg_path) <= pos.offset:
-            seg_path.unlink()
-
-
-class JournalTail:
-    """Reads a journal another process appends to (the proxy's, for the store's drain process); takes no lock.
-
-    ``read`` returns the complete records after the cursor and advances it. A record still being written at the end
-    of the newest segment is left for the next read; a damaged record anywhere else is ``JournalCorrupt``. A segment
-    is finished once a newer one exists (the appender never goes back). ``commit`` saves a checkpoint and deletes
-    segments that lie wholly before it (never the newest).
-    """
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = Path(directory)
-        self.cursor: Position | None = _load_checkpoint(self.directory)
-
-    def read(self, limit: int) -> list[tuple[Position, bytes]]:
-        out: list[tuple[Position, bytes]] = []
-        while len(out) < limit:
-            segs = [n for n in _segment_numbers(self.directory) if self.cursor is None or n >= self.cursor.segment]
-            if not segs:
-                break
-            seg, newest = segs[0], len(segs) == 1
-            start = self.cursor.offset if self.cursor is not None and self.cursor.segment == seg else 0
-            got = self._read_segment(seg, start, limit - len(out), last=newest)
-            out.extend(got)
-            if got:
-                self.cursor = got[-1][0]
-            elif not newest:  # a finished segment, read to its end: on to the next
-                self.cursor = Position(segs[1], 0)
-            if newest:
-                break
-        return out
-
-    def _read_segment(self, seg: int, start: int, limit: int, *, last: bool) -> list[tuple[Position, bytes]]:
-        path = self.directory / f"{seg:016d}.log"
-        out = []
-        try:
-            f = open(path, "rb", buffering=1 << 20)
-        except FileNotFoundError:
-            return out
-        with f:
-            end = os.fstat(f.fileno()).st_size
-            try:
-                for off, payload in _frames(f, min(start, end), end):
-                    out.append((Position(seg, off), payload))
-                    if len(out) >= limit:
-                        break
-            except _Damage as d:
-                if not (last and d.torn):  # a record half-written right now is not damage; anything else is
-                    raise _corrupt(path, d) from None
-        return out
-
-    def commit(self, pos: Position, *, fsync: bool) -> None:
-        write_checkpoint(self.directory, pos, fsync=fsync)
-        segs = _segment_numbers(self.directory)
-        if segs:
-            _delete_committed(self.directory, pos, segs[-1])
-
-
-def _corrupt(path: Path, damage: _Damage) -> JournalCorrupt:
-    return JournalCorrupt(
-        f"{path}: damaged journal record at byte {damage.offset} ({damage.reason}). Only a torn record at the very end "
-        f"of the last segment is repaired automatically, and this is not one. Inspect the file, then move this "
-        f"segment aside to reopen the journal (its records from byte {damage.offset} on will not be replayed)."
-    )
+from .journal_files import (
+    HEADER,
+    MAX_PAYLOAD,
+    FrameDamage,
+    JournalError,
+    Position,
+    corrupt,
+    delete_committed,
+    frame_payloads,
+    load_checkpoint,
+    lock_directory,
+    read_frames,
+    repair_torn_tail,
+    segment_numbers,
+    segment_path,
+    write_checkpoint,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -229,9 +69,9 @@ class Journal:
         self._queue: list[_Request] = []
         self._closing, self._failed, self._fd = False, None, -1
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._take_lock()
+        self._lock_fd = lock_directory(self.directory)
         try:
-            self._committed = self._load_checkpoint()
+            self._committed = load_checkpoint(self.directory)
             self._recover()
         except BaseException:
             os.close(self._lock_fd)
@@ -303,10 +143,10 @@ class Journal:
                 stop = end.offset if seg == end.segment else os.fstat(f.fileno()).st_size
                 start = after.offset if after is not None and seg == after.segment else 0
                 try:
-                    for off, payload in _frames(f, min(start, stop), stop):
+                    for off, payload in read_frames(f, min(start, stop), stop):
                         yield Position(seg, off), payload
-                except _Damage as d:
-                    raise _corrupt(path, d) from None
+                except FrameDamage as d:
+                    raise corrupt(path, d) from None
 
     def pending(self) -> Iterator[tuple[Position, bytes]]:
         """Records after the checkpoint: what the database may not have yet."""
@@ -333,7 +173,7 @@ class Journal:
             with self._lock:
                 self.fsync_count += fsyncs
             self._committed = pos
-            _delete_committed(self.directory, pos, active)
+            delete_committed(self.directory, pos, active)
 
     def close(self) -> None:
         """Finish queued appends, stop the flusher, release the lock. Idempotent."""
@@ -354,10 +194,10 @@ class Journal:
         self.close()
 
     def _path(self, seg: int) -> Path:
-        return self.directory / f"{seg:016d}.log"
+        return segment_path(self.directory, seg)
 
     def _segments(self) -> list[int]:
-        return _segment_numbers(self.directory)
+        return segment_numbers(self.directory)
 
     def _fsync(self, fd: int) -> None:
         if self._sync:
@@ -377,42 +217,10 @@ class Journal:
         if self._closing:
             raise JournalError(f"journal {self.directory} is closed; open a new Journal on it to continue")
 
-    def _take_lock(self) -> int:
-        fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise JournalLocked(
-                f"journal {self.directory} is locked by another owner (pid {holder}); only one process may own a "
-                f"journal directory at a time. Close the other owner or use another directory."
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
-
-    def _load_checkpoint(self) -> Position | None:
-        return _load_checkpoint(self.directory)
-
     def _recover(self) -> None:
-        """Validate every segment, cut a torn tail off the last one, and open the active segment for appending."""
+        """Cut a torn tail off the last segment (any other damage raises) and open the active segment."""
+        self.fsync_count += repair_torn_tail(self.directory, fsync=self._sync)
         segs = self._segments()
-        for i, seg in enumerate(segs):
-            path = self._path(seg)
-            with open(path, "rb", buffering=1 << 20) as f:
-                size = os.fstat(f.fileno()).st_size
-                try:
-                    for _ in _frames(f, 0, size):
-                        pass
-                except _Damage as d:
-                    if i < len(segs) - 1 or not d.torn:
-                        raise _corrupt(path, d) from None
-                    log.warning("%s: dropping %d bytes of a torn record at byte %d (%s), left by a crash during "
-                                "a write that was never acknowledged", path, size - d.offset, d.offset, d.reason)
-                    with open(path, "r+b") as w:
-                        w.truncate(d.offset)
-                        self._fsync(w.fileno())
         if segs:
             self._active = segs[-1]
             self._fd = os.open(self._path(self._active), os.O_WRONLY | os.O_APPEND)
@@ -427,19 +235,8 @@ class Journal:
         with self._lock:
             self._active, self._size = seg, 0
 
-    @staticmethod
-    def _frames(payloads: list[bytes]) -> list[bytes]:
-        frames = []
-        for p in payloads:
-            n = len(p)
-            if not 0 < n <= _MAX_PAYLOAD:
-                raise ValueError(f"payload of {n} bytes: a journal record holds 1 to {_MAX_PAYLOAD} bytes; "
-                                 f"encode empty values as at least one byte and split larger ones")
-            frames.append(_HEADER.pack(n, zlib.crc32(p)) + bytes(p))
-        return frames
-
     def _submit(self, payloads: list[bytes], callback: Callable[[_Request], None] | None) -> _Request:
-        req = _Request(self._frames(payloads), callback)
+        req = _Request(frame_payloads(payloads), callback)
         with self._lock:
             self._check_open()
             if self._failed is not None:
@@ -501,9 +298,9 @@ class Journal:
         """``write_now`` of one record without fsync, in as few steps as the proxy's loop can spend between an
         answer's arrival and its last byte: header and payload in one ``writev``, no frame copies."""
         n = len(payload)
-        if not 0 < n <= _MAX_PAYLOAD:
-            self._frames([payload])  # raises, saying why
-        head = _HEADER.pack(n, zlib.crc32(payload))
+        if not 0 < n <= MAX_PAYLOAD:
+            frame_payloads([payload])  # raises, saying why
+        head = HEADER.pack(n, zlib.crc32(payload))
         with self._io_lock:
             size = self._size + len(head) + n
             if self._closing or self._failed is not None or (self._size and size > self.segment_bytes):
@@ -526,7 +323,7 @@ class Journal:
     def _write_held(self, payloads: list[bytes]) -> Position:
         """``write_now``'s general path (also ``_write_one``'s for a closed or failed journal and for a segment to
         rotate); the caller holds the I/O lock."""
-        req = _Request(self._frames(payloads), None)
+        req = _Request(frame_payloads(payloads), None)
         with self._lock:
             self._check_open()
             if self._failed is not None:
