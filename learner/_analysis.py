@@ -102,6 +102,8 @@ def collect(store: Store, *, config: RubricConfig | None = None, since: datetime
 def rollout_facts(store: Store, infos: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
                   reward_sources: Sequence[str] | None = None, lineage: _Lineage | None = None) -> list[RolloutFacts]:
     """Facts and rubrics of these rollouts (one batched read of their calls and one of their rewards)."""
+    if not infos:
+        return []
     config = config or RubricConfig()
     lineage = lineage or _Lineage(store)
     ids = [i.id for i in infos]
