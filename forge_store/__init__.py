@@ -14,7 +14,6 @@ from ._errors import (
 )
 from ._hashing import canonical_json, json_sha256, sha256_hex
 from ._records import (
-    API_SURFACES,
     EXCLUSION_REASONS,
     OUTCOMES,
     REWARD_SOURCES,
@@ -30,7 +29,10 @@ from ._rewards import latest_reward
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
 from ._store import Store, open_store
+from ._tokens import IdsText
+from ._write.call_encoder import FINISH_REASON_MAX, PromptPart
 from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
+from ._write.prompt_cache import PendingPrompt
 
 
 def __getattr__(name: str):
@@ -44,8 +46,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "ANALYSIS_VIEWS",
-    "API_SURFACES",
     "EXCLUSION_REASONS",
+    "FINISH_REASON_MAX",
     "OUTCOMES",
     "REWARD_SOURCES",
     "BlobCorrupt",
@@ -54,12 +56,15 @@ __all__ = [
     "CallRecord",
     "CallSummary",
     "EventInfo",
+    "IdsText",
     "InvalidRecord",
     "JournalCorrupt",
     "JournalError",
     "JournalLocked",
     "LocalBlobStore",
     "NotFound",
+    "PendingPrompt",
+    "PromptPart",
     "RewardInfo",
     "RolloutFilter",
     "RolloutInfo",

@@ -28,11 +28,12 @@ def _decode(b64: str, where: str) -> bytes:
         raise InvalidRecord(f"{where}: image data is not valid base64 ({exc}); send the image base64-encoded") from None
 
 
-def extract_images(messages: list, put: Callable[[bytes, str | None], str]) -> tuple[list, list[str]]:
+def extract_images(messages: list, put: Callable[[bytes, str | None], str], first: int = 0) -> tuple[list, list[str]]:
     """Return (messages with image payloads replaced by blob references, blob hashes in order of appearance).
 
     ``put(data, media_type) -> sha256`` stores the bytes. The input is not modified (a copy is made only when an
-    image is found). Raises InvalidRecord naming the message for undecodable base64.
+    image is found). Raises InvalidRecord naming the message (``first``: the index of ``messages[0]`` in its
+    prompt) for undecodable base64.
     """
     hashes: list[str] = []
 
@@ -85,8 +86,26 @@ def extract_images(messages: list, put: Callable[[bytes, str | None], str]) -> t
         hashes.append(sha)
         return f"data:{m['type'] or ''}{m['params'] or ''};base64,{REF_PREFIX}{sha}"
 
-    out = [visit(m, f"message {i}") for i, m in enumerate(messages)]
+    out = [visit(m, f"message {i}") for i, m in enumerate(messages, first)]
     return out, hashes
+
+
+_IMAGE_PARTS = frozenset(("image_url", "input_image", "image"))
+
+
+def _has_image_part(parts) -> bool:
+    for part in parts if isinstance(parts, list) else ():
+        if isinstance(part, dict) and (part.get("type") in _IMAGE_PARTS or _has_image_part(part.get("content"))):
+            return True
+    return False
+
+
+def has_images(messages: list, start: int = 0) -> bool:
+    """Whether messages past ``start`` carry image parts (whose blob writes should not block an event loop).
+
+    A cheap look at content lists only, one level of nesting (tool results): text-only content lists (Claude Code
+    sends every message as a list of blocks) say no at once."""
+    return any(_has_image_part(m.get("content")) for m in messages[start:] if isinstance(m, dict))
 
 
 def restore_images(messages: list, get: Callable[[str], bytes]) -> list:

@@ -1,7 +1,8 @@
 """Record types that cross the store's edge: what callers write and what reads return.
 
-Plain dataclasses (the proxy builds one ``CallRecord`` per model call on its hot path). Vocabularies are closed
-sets checked on write: an unknown outcome or exclusion reason is an error, not a new category.
+Plain dataclasses (the proxy builds one ``CallRecord`` per model call on its hot path). Outcomes, exclusion reasons
+and reward sources are closed sets checked on write: an unknown one is an error, not a new category. A call's API
+surface is open: its client names it (the proxy, one name per wire protocol it speaks).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._tokens import IdsText
-
-API_SURFACES = ("chat.completions", "completions", "responses", "messages")
 
 # DESIGN.md outcome taxonomy; "cancelled" is a run stopped by the user (Ctrl-C), neither graded nor retried.
 OUTCOMES = ("success", "failure", "policy_timeout", "harness_error", "infra_error", "cancelled")
@@ -39,8 +38,9 @@ class CallRecord:
     ``messages`` is the prompt as a list of chat messages (a system prompt given as a separate field is the first
     message with role "system"); ``tools`` the declared tools; ``params`` everything else the harness sent (model,
     sampling parameters, unknown fields), so nothing is dropped. Images should already be replaced by blob
-    references (``put_blob``) and listed in ``image_hashes``. ``request_hash`` is the canonical-JSON sha256 of the
-    body as sent; when omitted it is computed from messages + tools + params.
+    references (``put_blob``) and listed in ``image_hashes`` (``Store.prompt`` does that). ``api_surface``: the API
+    the call came through (any name; the proxy's are "chat.completions", "completions", "responses", "messages").
+    The store makes the call's request hash from messages + tools + params (``StoredCall.request_hash``).
     """
 
     id: str
@@ -52,7 +52,6 @@ class CallRecord:
     tools: list | None = None
     params: dict = field(default_factory=dict)
     streamed: bool = False
-    request_hash: str | None = None
     model: str | None = None
     response: dict | None = None
     response_message: dict | None = None

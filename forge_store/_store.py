@@ -31,6 +31,7 @@ from ._write.db_apply import apply_ops, check_lengths
 from ._write.journal import Journal
 from ._write.op_codec import pack_op
 from ._write.process_writer import ProcessWriter
+from ._write.prompt_cache import PendingPrompt, Prepare
 from ._write.thread_writer import ThreadWriter
 
 log = logging.getLogger("forge_store")
@@ -102,14 +103,26 @@ class Store(StoreReads):
                 raise
         return rec.id
 
-    def encode_prompt(self, rec: CallRecord) -> PromptPart:
-        """The request side of recording ``rec`` (its messages' and tools' canonical bodies and hashes), for a caller
-        that has time while the answer is on its way; pass the result to ``record_call_async(rec, prompt)``.
+    def prompt(self, rollout_id: str | None, messages: list, tools: list | None = None, *,
+               prepare: Prepare | None = None) -> PendingPrompt:
+        """A call's prompt as the client sent it, on its way to a ``CallRecord``: compared with the rollout's previous
+        prompt (cheap; reused copies and hashes make a call cost O(new messages)). ``prompt.prepare()`` then makes
+        the stored copies of the new messages: inline images moved to the blob store (``InvalidRecord`` for one that
+        is not base64), then ``prepare(message, marks)`` (the proxy's redaction; it adds what it did to ``marks``).
+        ``holds_images`` says ``prepare()`` writes blobs: a caller on an event loop runs it in a thread then. Build
+        the record from ``prompt.messages`` / ``image_hashes`` and pass the prompt to ``encode_prompt``."""
+        return self._encoder.prompt(rollout_id, messages, tools, put_blob=self.put_blob, prepare=prepare)
+
+    def encode_prompt(self, rec: CallRecord, prompt: PendingPrompt | None = None) -> PromptPart:
+        """The request side of recording ``rec`` (its messages' and tools' hashes, its delta, its request hash:
+        ``part.request_hash``), for a caller that has time while the answer is on its way; pass the result to
+        ``record_call_async(rec, part)``. ``prompt``: from ``Store.prompt``, prepared, whose copies are
+        ``rec.messages``; without it ``rec.messages`` are stored as they are.
 
         With a journal, the message and tool bodies new to it are journaled here, ahead of the call (with fsync on,
         queued without waiting: the call's own record comes later in the journal, and waiting for it covers them),
         so the call's record carries only what the answer adds. Raises if the journal cannot take them."""
-        part = self._encoder.encode_prompt(rec)
+        part = self._encoder.encode_prompt(rec, prompt)
         if self._writer is not None:
             op = self._encoder.ahead(part)
             if op is not None:
@@ -123,6 +136,12 @@ class Store(StoreReads):
                     raise
                 self._encoder.journaled(part)
         return part
+
+    def forget_rollout(self, rollout_id: str) -> None:
+        """The rollout makes no more calls through this store: drop what recording them kept in memory (its last
+        prompt and delta base). ``finish_rollout`` does it too; a later call of the rollout would only be stored
+        whole, not as a delta."""
+        self._encoder.forget(rollout_id)
 
     async def record_call_async(self, rec: CallRecord, prompt: PromptPart | None = None) -> str:
         """``record_call`` for event loops: returns once the call is durable, without blocking the loop."""

@@ -1,11 +1,12 @@
-"""The proxy's ASGI entry: harness calls go straight to ``ProxyService``; every other route to the FastAPI app.
+"""The proxy's ASGI entry: harness calls go straight to ``ProxyService``; every other route to the operator app.
 
 A model call is the proxy's hot path, and a framework's per-request machinery (middleware stack, routing,
 dependency solving, a task group per streamed answer) costs more CPU than the call's own work: measured in-process,
 FastAPI spent 66 us on a bare JSON answer and 186 us on an 8-chunk stream, against 1-4 us for plain ASGI. So the
-POST routes of the four model APIs (also under ``/r/{token}/``) are dispatched here by a dict lookup and answered
-with raw ASGI messages; health, metrics, models, token counting, the websocket refusal and the admin API stay on
-FastAPI, where validation and docs matter more than microseconds.
+POST routes of the wire protocols (``proxy._protocols.registry``; also under ``/r/{token}/``) are dispatched here by
+a dict lookup and answered with raw ASGI messages; health, metrics, models, the protocols' side routes (token
+counting, the websocket refusal) and the admin API stay on FastAPI (``proxy._operator_api``), where validation and
+docs matter more than microseconds.
 """
 
 from __future__ import annotations
@@ -16,45 +17,37 @@ import logging
 import orjson
 
 from ._errors import ProxyError
+from ._exchange import CallHeaders, ClientGone, Last, Reply, StreamReply
 from ._metrics import Metrics
-from ._protocols import messages_answer
-from ._protocols.contract import as_adapter
-from ._service import CallHeaders, ClientGone, Last, ProxyService, Reply, StreamReply
+from ._protocols.contract import WireProtocol
+from ._protocols.registry import Protocols
+from ._service import ProxyService
 
 log = logging.getLogger("proxy")
 
 
-def error_reply(exc: ProxyError, path: str, metrics: Metrics) -> Reply:
-    """``exc`` counted, in the shape of the API the path speaks (Anthropic's under ``/v1/messages``, else OpenAI's).
-    Both edges answer errors through this: the hot routes here and FastAPI's exception handler."""
+def error_reply(exc: ProxyError, body: dict, metrics: Metrics) -> Reply:
+    """``exc`` counted, answered with ``body`` (its API's error shape: ``WireProtocol.error_body``). Both edges
+    answer errors through this: the hot routes here and the operator app's exception handler."""
     metrics.errors.labels(str(exc.status), exc.code or "").inc()
-    messages_api = path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
-    return Reply(exc.status, orjson.dumps(messages_answer.error_body(exc) if messages_api else exc.openai_body()))
+    return Reply(exc.status, orjson.dumps(body))
 
 
 class ProxyApp:
-    """ASGI app: ``routes`` maps a model-call path (``/v1/...``) to its adapter; the rest goes to ``fallback``."""
+    """ASGI app: the model calls of ``protocols`` go to ``service``; the rest goes to ``fallback``."""
 
-    def __init__(self, service: ProxyService, routes: dict[str, object], fallback):
-        self.service, self.fallback = service, fallback
-        self.routes = {path: as_adapter(adapter) for path, adapter in routes.items()}  # wrapped once, not per call
+    def __init__(self, service: ProxyService, protocols: Protocols, fallback):
+        self.service, self.protocols, self.fallback = service, protocols, fallback
+        self.route = protocols.route  # (protocol, API path, token) for a model call's path, else None
 
-    def route(self, path: str) -> tuple[object, str, str | None] | None:
-        """(adapter, API path, token from the path) for a model-call POST to ``path``; None for any other route."""
-        adapter = self.routes.get(path)
-        if adapter is not None:
-            return adapter, path, None
-        if path.startswith("/r/"):
-            token, _, rest = path[3:].partition("/")
-            adapter = self.routes.get("/" + rest) if token else None
-            if adapter is not None:
-                return adapter, "/" + rest, token
-        return None
+    def error_reply(self, exc: ProxyError, path: str) -> Reply:
+        """``exc`` in the error shape of the API ``path`` speaks (for requests no protocol took up)."""
+        return error_reply(exc, self.protocols.error_body(exc, path), self.service.metrics)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and (hit := self.route(scope["path"])) is not None:
-            adapter, path, token = hit
-            reply = await self.answer(adapter, path, token, CallHeaders.from_asgi(scope["headers"]), receive)
+            protocol, path, token = hit
+            reply = await self.answer(protocol, path, token, CallHeaders.from_asgi(scope["headers"]), receive)
             if reply is None:
                 return
             if isinstance(reply, StreamReply):
@@ -67,22 +60,22 @@ class ProxyApp:
             return
         await self.fallback(scope, receive, send)
 
-    async def answer(self, adapter, path: str, token: str | None, headers: CallHeaders, receive,
+    async def answer(self, protocol: WireProtocol, path: str, token: str | None, headers: CallHeaders, receive,
                      body: bytes | None = None) -> Reply | StreamReply | None:
         """The reply to one model call (errors as replies in the API's shape); None when the client left before its
         request arrived. ``body``: the request body when the server has read it already, else ``receive`` reads it.
-        Both servers go through here: this ASGI app's ``__call__`` and ``proxy._http_server``'s own HTTP server."""
+        Both servers go through here: this ASGI app's ``__call__`` and the proxy's own HTTP server (``proxy._http``)."""
         try:
-            return await self.service.call(headers, receive, adapter, token, body)
+            return await self.service.call(headers, receive, protocol, token, body)
         except ClientGone:
             return None
         except ProxyError as exc:
-            return error_reply(exc, path, self.service.metrics)
+            return error_reply(exc, protocol.error_body(exc), self.service.metrics)
         except Exception:
             log.exception("unexpected error serving %s", path)
             exc = ProxyError(500, "the proxy failed on this request (a bug: its log has the traceback); retry, and "
                                   "report it if it repeats", type="server_error", code="proxy_internal_error")
-            return error_reply(exc, path, self.service.metrics)
+            return error_reply(exc, protocol.error_body(exc), self.service.metrics)
 
     @staticmethod
     async def _stream(reply: StreamReply, receive, send) -> None:

@@ -1,26 +1,27 @@
-"""Assemble a proxy from settings: store (journal mode), token signer, registry, upstream, service, app."""
+"""Assemble a proxy from settings: wire protocols, store (journal mode), token signer, rollout registry, upstream,
+service, app."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import FastAPI
-
 from forge_store import Settings, Store, open_store
 
+from ._asgi_app import ProxyApp
 from ._auth import TokenSigner, load_or_create_secret
 from ._metrics import Metrics
 from ._operator_api import create_app
 from ._protocols.openai_chat import DIALECTS
+from ._protocols.registry import protocols
 from ._redaction import Redactor
-from ._registry import Registry
+from ._rollouts import RolloutRegistry
 from ._service import ProxyService
 from ._upstream import Upstream
 
 
 @dataclass
 class Proxy:
-    app: FastAPI
+    app: ProxyApp
     service: ProxyService
     store: Store
     admin_token: str
@@ -32,6 +33,7 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
                 policy_version: str | None = None, store: Store | None = None) -> Proxy:
     if dialect not in DIALECTS:
         raise ValueError(f"upstream dialect {dialect!r} unknown: use one of {', '.join(DIALECTS)}")
+    served = protocols({"responses": settings.proxy_responses_mode, "messages": settings.proxy_messages_mode})
     redactor = Redactor(settings.proxy_redact)
     home = settings.home
     secret = (settings.proxy_token_secret.encode() if settings.proxy_token_secret
@@ -42,13 +44,11 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
         store = open_store(store_url, journal=True, name=journal_name,
                            settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}),
                            drain="process" if settings.proxy_drain_process else "thread")
-    registry = Registry(store, signer, allow_unbound=settings.proxy_allow_unbound,
-                        pause_max_s=settings.proxy_pause_max_s)
-    registry.policy_version = policy_version
+    rollouts = RolloutRegistry(store, signer, allow_unbound=settings.proxy_allow_unbound,
+                               pause_max_s=settings.proxy_pause_max_s)
+    rollouts.policy_version = policy_version
     upstream = Upstream(upstream_url, api_key=upstream_api_key, connect_timeout_s=settings.proxy_connect_timeout_s,
                         read_timeout_s=settings.proxy_read_timeout_s)
-    service = ProxyService(store, upstream, registry, redactor=redactor, metrics=Metrics(), dialect=dialect,
+    service = ProxyService(store, upstream, rollouts, redactor=redactor, metrics=Metrics(), dialect=dialect,
                            max_body_bytes=settings.proxy_max_body_bytes)
-    app = create_app(service, admin_token=admin_token, responses_mode=settings.proxy_responses_mode,
-                     messages_mode=settings.proxy_messages_mode)
-    return Proxy(app, service, store, admin_token, signer)
+    return Proxy(create_app(service, served, admin_token=admin_token), service, store, admin_token, signer)

@@ -34,7 +34,7 @@ def proxy_command(
     from forge_store import JournalError, StoreError, get_settings
 
     from ._build import build_proxy
-    from ._http_server import HttpServer
+    from ._http import HttpServer
 
     err = Console(stderr=True)
     level = workers_log.upper()

@@ -1,10 +1,10 @@
 """The proxy's call path: authorize, parse, prepare the stored prompt, forward, capture, journal, answer.
 
-Routes stay thin (``proxy/_operator_api.py``); this class does the work and gets its parts through the constructor. The
-one rule that shapes it: a call is journaled before the last byte of its answer reaches the client, so a client
-that got a complete answer can rely on the store having it (invariant 1). Non-streaming answers are sent after
-the journal write; streams hold back only their terminating event (``[DONE]``, ``response.completed``,
-``message_stop``: see ``proxy._protocols.contract.Relay``).
+Routes stay thin (``proxy._asgi_app``, ``proxy._operator_api``); this class does the work and gets its parts through
+the constructor. The one rule that shapes it: a call is journaled before the last byte of its answer reaches the
+client, so a client that got a complete answer can rely on the store having it (invariant 1). Non-streaming answers
+are sent after the journal write; streams hold back only their terminating event (``[DONE]``,
+``response.completed``, ``message_stop``: see ``proxy._protocols.contract.Relay``).
 """
 
 from __future__ import annotations
@@ -14,26 +14,22 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import orjson
 
-from forge_store import CallRecord, InvalidRecord, Store
-from forge_store._hashing import sha256_hex
-from forge_store._schema import Call, string_limits, utcnow
+from forge_store import FINISH_REASON_MAX, CallRecord, InvalidRecord, PendingPrompt, PromptPart, Store
 
 from ._errors import ProxyError, UpstreamFailure
+from ._exchange import JSON, CallHeaders, Last, Receive, Reply, StreamReply, parse_json, read_body
 from ._metrics import Metrics
-from ._protocols.contract import as_adapter
-from ._record import Completion, PreparedPrompt, has_inline_data, loads_answer
+from ._protocols.completion import Completion, loads_answer
+from ._protocols.contract import Translation, WireProtocol
 from ._redaction import Redactor
-from ._registry import Binding, Registry
+from ._rollouts import Binding, RolloutRegistry
 from ._upstream import Pending, Upstream
 
 log = logging.getLogger("proxy")
-JSON = "application/json"
-Receive = Callable[[], Awaitable[dict]]
 
 
 class _CallIds:
@@ -53,111 +49,24 @@ class _CallIds:
 
 _call_ids = _CallIds()
 
-FINISH_REASON_MAX = string_limits(Call.__table__)["finish_reason"]
-
 # The CPU to the upstream, once a lone call is on its way (see ``ProxyService.call``); a no-op where there is none.
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived: there is no one to answer."""
-
-
-@dataclass(slots=True)
-class CallHeaders:
-    """The request headers a call needs (ASGI gives a list of lower-cased byte pairs; one pass picks these)."""
-
-    token: str | None = None  # Authorization: Bearer ..., else x-api-key
-    content_length: str | None = None
-    user_agent: str | None = None
-
-    @classmethod
-    def from_asgi(cls, raw: list[tuple[bytes, bytes]]) -> CallHeaders:
-        h, api_key = cls(), None
-        for name, value in raw:
-            if name == b"authorization":
-                if value[:7].lower() == b"bearer ":
-                    h.token = value[7:].strip().decode("latin-1") or None
-            elif name == b"x-api-key":
-                api_key = value.decode("latin-1") or None
-            elif name == b"content-length":
-                h.content_length = value.decode("latin-1")
-            elif name == b"user-agent":
-                h.user_agent = value.decode("latin-1")
-        h.token = h.token or api_key
-        return h
-
-
-@dataclass(slots=True)
-class Reply:
-    """A whole answer."""
-
-    status: int
-    body: bytes
-    content_type: str = JSON
-
-
-class Last(bytes):
-    """A stream's final piece (the server may send it together with the end of the transfer)."""
-
-
-@dataclass(slots=True)
-class StreamReply:
-    """An SSE answer: ``chunks`` yields the client's bytes; closing it early records what was sent so far."""
-
-    chunks: AsyncIterator[bytes]
-    status: int = 200
-    content_type: str = "text/event-stream; charset=utf-8"
-    abandon: Callable[[], None] | None = None  # frees what ``chunks`` holds if it is dropped before its first step
-
-
-def too_large(limit: int, declared: int | None = None) -> ProxyError:
-    size = f"request body of {declared:,} bytes is" if declared is not None else "request body is"
-    return ProxyError(413, f"{size} over the proxy's limit of {limit:,} bytes; raise OPENFORGE_PROXY_MAX_BODY_BYTES "
-                           "if this is intended", code="body_too_large")
-
-
-async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    """The request body from ASGI ``receive``; 413 past ``limit`` bytes (declared or counted)."""
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit, int(declared))
-    body, more = b"", True
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk, more = message.get("body", b""), message.get("more_body", False)
-        if len(body) + len(chunk) > limit:
-            raise too_large(limit)
-        body = body + chunk if body else chunk
-    return body
-
-
-def parse_json(raw: bytes) -> dict:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ProxyError(400, f"request body is not valid JSON ({exc}); send a JSON object",
-                         code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise ProxyError(400, f"request body is JSON {type(body).__name__}, not an object; send a JSON object",
-                         code="invalid_json")
-    return body
-
-
 class ProxyService:
-    def __init__(self, store: Store, upstream: Upstream, registry: Registry, *, redactor: Redactor,
+    def __init__(self, store: Store, upstream: Upstream, rollouts: RolloutRegistry, *, redactor: Redactor,
                  metrics: Metrics, dialect: str = "vllm", max_body_bytes: int = 32 << 20):
-        self.store, self.upstream, self.registry = store, upstream, registry
+        self.store, self.upstream, self.rollouts = store, upstream, rollouts
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
+        self._redact_copy = redactor.apply if redactor.rules else None  # the stored prompt's ``prepare`` hook
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the one loop this service runs in, once known
 
-    async def call(self, headers: CallHeaders, receive: Receive, adapter, token: str | None,
+    async def call(self, headers: CallHeaders, receive: Receive, protocol: WireProtocol, token: str | None,
                    raw: bytes | None = None) -> Reply | StreamReply:
-        """Serve one model call through ``adapter`` (see ``proxy._protocols.contract`` for the protocol it speaks). ``token``:
-        from the path (``/r/{token}/...``), else the headers'. ``raw``: the request body if the server has read it
-        (and held it to the body limit), else ``receive`` gives it.
+        """Serve one model call through ``protocol``. ``token``: from the path (``/r/{token}/...``), else the
+        headers'. ``raw``: the request body if the server has read it (and held it to the body limit), else
+        ``receive`` gives it.
 
         The request goes upstream as soon as it is translated; what only the stored copy needs (redaction, hashes,
         the record's request side) is done while the upstream works, off the call's critical path.
@@ -170,73 +79,73 @@ class ProxyService:
         one client this took 0.26 ms off the added p50; a yield on every call cut the 64-client throughput ratio
         from 0.61 to 0.55, hence the condition."""
         t0 = time.perf_counter()
-        started = utcnow()
-        adapter = as_adapter(adapter)
-        binding = await self.registry.authorize(token or headers.token)
+        started = datetime.now(timezone.utc)
+        binding = await self.rollouts.authorize(token or headers.token)
         if raw is None:
             raw = await read_body(receive, headers.content_length, self.max_body)
         body = parse_json(raw)
-        adapter.validate(body)
-        tr = adapter.translate(body, self.dialect, binding.rollout_id)
+        protocol.validate(body)
+        tr = protocol.translate(body, self.dialect, binding.rollout_id)
         seq = binding.next_seq()
-        prompt, known = None, binding.prompts.unchanged(tr.messages)
-        if has_inline_data(tr.messages, known[0]):
+        prompt = self.store.prompt(binding.rollout_id, tr.messages, tr.tools, prepare=self._redact_copy)
+        if prompt.holds_images:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
-            prompt = await asyncio.to_thread(self._prepare, binding, tr.messages, known)
-        await self.registry.enter()
+            await asyncio.to_thread(self._prepare, prompt)
+        await self.rollouts.enter()
         relay_owns_exit = False
         try:
             try:
-                pending, failure = await self.upstream.send("POST", adapter.PATH, orjson.dumps(tr.upstream)), None
-                if self.registry.in_flight == 1:
+                pending, failure = await self.upstream.send("POST", protocol.UPSTREAM_PATH,
+                                                            orjson.dumps(tr.upstream)), None
+                if self.rollouts.in_flight == 1:
                     _sched_yield()
             except UpstreamFailure as exc:
                 pending, failure = None, exc
             try:
-                prompt = prompt or self._prepare(binding, tr.messages, known)
-                rec = self._record_for(headers, adapter, binding, body, tr, prompt, seq, started)
-                try:
-                    part = self.store.encode_prompt(rec)  # journals the prompt's new bodies
-                except Exception as exc:
-                    raise self._unrecordable(rec, exc) from exc
+                rec, part = self._record_for(headers, protocol, binding, body, tr, prompt, seq, started)
             except BaseException:
                 if pending is not None:
                     pending.cancel()
                 raise
             if failure is not None:
-                await self._record_failure(rec, t0, failure)
+                await self._record_failure(rec, t0, part, failure)
                 raise failure
             if not rec.streamed:
-                return await self._unary(adapter, pending, tr.wants, rec, part, t0)
-            reply = await self._stream(adapter, pending, tr.wants, rec, part, t0)
+                return await self._unary(protocol, pending, tr.wants, rec, part, t0)
+            reply = await self._stream(protocol, pending, tr.wants, rec, part, t0)
             relay_owns_exit = isinstance(reply, StreamReply)
             return reply
         finally:
             if not relay_owns_exit:
-                self.registry.leave()
+                self.rollouts.leave()
 
-    def _record_for(self, headers: CallHeaders, adapter, binding: Binding, body: dict, tr, prompt: PreparedPrompt,
-                    seq: int, started) -> CallRecord:
-        request_hash = sha256_hex(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
-        call_id = _call_ids.next()
+    def _record_for(self, headers: CallHeaders, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation,
+                    prompt: PendingPrompt, seq: int, started: datetime) -> tuple[CallRecord, PromptPart]:
+        """The call's record, request side, and its prompt encoded (the new bodies journaled; the request hash)."""
+        self._prepare(prompt)
         hits: set[str] = set()
         params = self.redactor.apply(tr.params, hits)  # now, while the upstream works; the answer's parts in _redact
-        metadata = self._metadata(headers, prompt.redactions | hits)
+        metadata = self._metadata(headers, prompt.marks | hits)
         if tr.notes:
             metadata = {**(metadata or {}), **tr.notes}
-        return CallRecord(
-            id=call_id, rollout_id=binding.rollout_id, seq=seq, api_surface=adapter.SURFACE,
-            messages=prompt.messages, tools=tr.tools, params=params, streamed=tr.stream,
-            request_hash=request_hash, model=body.get("model"), started_at=started,
-            retry_of=binding.retry_of(request_hash, call_id), policy_version_id=self.registry.policy_version,
-            image_hashes=prompt.image_hashes or None,
-            metadata=metadata,
+        rec = CallRecord(
+            id=_call_ids.next(), rollout_id=binding.rollout_id, seq=seq, api_surface=protocol.SURFACE,
+            messages=prompt.messages, tools=tr.tools, params=params, streamed=tr.stream, model=body.get("model"),
+            started_at=started, policy_version_id=self.rollouts.policy_version,
+            image_hashes=prompt.image_hashes or None, metadata=metadata,
         )
+        try:
+            part = self.store.encode_prompt(rec, prompt)  # journals the prompt's new bodies
+        except Exception as exc:
+            raise self._unrecordable(rec, exc) from exc
+        rec.retry_of = binding.retry_of(part.request_hash, rec.id)
+        return rec, part
 
-    def _prepare(self, binding: Binding, messages: list, known: tuple[int, int]) -> PreparedPrompt:
+    @staticmethod
+    def _prepare(prompt: PendingPrompt) -> None:
         """The stored copy of the prompt (images to the blob store, redaction); 400 for an undecodable image."""
         try:
-            return binding.prompts.prepare(messages, self.store.put_blob, self.redactor, known)
+            prompt.prepare()
         except InvalidRecord as exc:
             raise ProxyError(400, str(exc), code="invalid_image") from None
 
@@ -250,40 +159,41 @@ class ProxyService:
         return meta or None
 
     # ---- one answer -----------------------------------------------------------------------------------------
-    async def _unary(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply:
-        ans = await self._recording_failure(pending.answer(), rec, t0)
+    async def _unary(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
+                     t0: float) -> Reply:
+        ans = await self._recording_failure(pending.answer(), rec, t0, part)
         rec.upstream_status = ans.status
         if ans.status != 200:
-            return await self._upstream_error(adapter, rec, t0, part, ans.status, ans.body, ans.content_type)
+            return await self._upstream_error(protocol, rec, t0, part, ans.status, ans.body, ans.content_type)
         try:
-            ids_as_text = getattr(adapter, "ids_as_text", None)
-            data = loads_answer(ans.body, ids_as_text is not None and ids_as_text(wants))
+            data = loads_answer(ans.body, protocol.ids_as_text(wants))
         except orjson.JSONDecodeError:
             exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
                                   "upstream_protocol")
-            await self._record_failure(rec, t0, exc)
+            await self._record_failure(rec, t0, part, exc)
             raise exc from None
-        self._fill(rec, adapter.parse(data))
+        self._fill(rec, protocol.parse(data))
         await self._record(rec, t0, part)
-        reply = Reply(200, orjson.dumps(adapter.answer(data, wants)))
+        reply = Reply(200, orjson.dumps(protocol.answer(data, wants)))
         self._soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)
         return reply
 
-    async def _upstream_error(self, adapter, rec: CallRecord, t0: float, part, status: int, body: bytes,
-                              content_type: str | None) -> Reply:
+    async def _upstream_error(self, protocol: WireProtocol, rec: CallRecord, t0: float, part: PromptPart,
+                              status: int, body: bytes, content_type: str | None) -> Reply:
         """The upstream's own HTTP error: recorded, and passed on in the shape of the client's API."""
         rec.error_class, rec.error_detail = f"upstream_http_{status}", body[:2000].decode(errors="replace")
         await self._record(rec, t0, part)
-        body, media_type = adapter.upstream_error(status, body, content_type)
+        body, media_type = protocol.upstream_error(status, body, content_type)
         return Reply(status, body, media_type or JSON)
 
     # ---- a stream ---------------------------------------------------------------------------------------------
-    async def _stream(self, adapter, pending: Pending, wants, rec: CallRecord, part, t0: float) -> Reply | StreamReply:
-        stream = await self._recording_failure(pending.stream(), rec, t0)
+    async def _stream(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
+                      t0: float) -> Reply | StreamReply:
+        stream = await self._recording_failure(pending.stream(), rec, t0, part)
         rec.upstream_status = stream.status
         if stream.status != 200:
             body = await stream.read_all()
-            return await self._upstream_error(adapter, rec, t0, part, stream.status, body, stream.content_type)
+            return await self._upstream_error(protocol, rec, t0, part, stream.status, body, stream.content_type)
 
         begun = [False]
 
@@ -291,11 +201,11 @@ class ProxyService:
             if not begun[0]:
                 begun[0] = True
                 stream.close()
-                self.registry.leave()
+                self.rollouts.leave()
 
-        return StreamReply(self._relay(stream, adapter.relay(wants), rec, t0, part, begun), abandon=abandon)
+        return StreamReply(self._relay(stream, protocol.relay(wants), rec, t0, part, begun), abandon=abandon)
 
-    async def _relay(self, stream, relay, rec: CallRecord, t0: float, part, begun: list[bool]):
+    async def _relay(self, stream, relay, rec: CallRecord, t0: float, part: PromptPart, begun: list[bool]):
         begun[0] = True
         recorded = False
         out: list[bytes] = []  # what the events that arrived together make for the client: one send, not one each
@@ -335,7 +245,7 @@ class ProxyService:
             yield Last(b"".join(out))
         finally:
             stream.close(complete=relay.done)  # stopped at the upstream's end: its connection stays reusable
-            self.registry.leave()
+            self.rollouts.leave()
             if not recorded:  # the client went away mid-stream: keep what it was sent
                 rec.error_class = rec.error_class or "client_disconnected"
                 self._fill(rec, relay.result())
@@ -357,17 +267,17 @@ class ProxyService:
         rec.completion_logprobs = comp.checked_logprobs()
         rec.token_exact = comp.token_exact and rec.error_class is None
 
-    async def _recording_failure(self, awaitable, rec: CallRecord, t0: float):
+    async def _recording_failure(self, awaitable, rec: CallRecord, t0: float, part: PromptPart):
         """``await awaitable``; an UpstreamFailure is recorded on ``rec`` before it goes on to the client."""
         try:
             return await awaitable
         except UpstreamFailure as exc:
-            await self._record_failure(rec, t0, exc)
+            await self._record_failure(rec, t0, part, exc)
             raise
 
-    async def _record_failure(self, rec: CallRecord, t0: float, exc: UpstreamFailure) -> None:
+    async def _record_failure(self, rec: CallRecord, t0: float, part: PromptPart, exc: UpstreamFailure) -> None:
         rec.error_class, rec.error_detail = exc.error_class, exc.message
-        await self._record(rec, t0)
+        await self._record(rec, t0, part)
 
     def _unrecordable(self, rec: CallRecord, exc: Exception) -> ProxyError:
         log.error("could not journal call %s", rec.id, exc_info=exc)
@@ -387,9 +297,9 @@ class ProxyService:
             rec.metadata = {**(rec.metadata or {})}
             rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)
 
-    async def _record(self, rec: CallRecord, t0: float, part=None) -> None:
+    async def _record(self, rec: CallRecord, t0: float, part: PromptPart) -> None:
         self._redact(rec)
-        rec.ended_at = utcnow()
+        rec.ended_at = datetime.now(timezone.utc)
         rec.latency_ms = (time.perf_counter() - t0) * 1000
         t1 = time.perf_counter()
         try:
@@ -402,8 +312,8 @@ class ProxyService:
         """``fn(*args)`` once the answer has gone out (the call's loop step writes it; this runs in the next).
 
         The loop is kept, not looked up per call: in Python 3.11 ``asyncio.get_running_loop()`` is a ``getpid()``
-        system call. A service runs in one loop (its registry and upstream pool are bound to it, as asyncio objects
-        are); a closed one (a test's previous ``asyncio.run``) is replaced."""
+        system call. A service runs in one loop (its rollout registry and upstream pool are bound to it, as asyncio
+        objects are); a closed one (a test's previous ``asyncio.run``) is replaced."""
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()

@@ -14,15 +14,14 @@ import pytest
 import uvicorn
 
 from forge_store import Settings
-from proxy import Proxy, build_proxy
+from proxy import HttpServer, Proxy, build_proxy
 from proxy._asgi_app import ProxyApp
-from proxy._http_server import HttpServer
 from proxy.testing import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
 
 
 class ServeInThread:
     """Serve an app in a background thread on a free loopback port: a ``ProxyApp`` on the proxy's own HTTP server
-    (``proxy._http_server``, what ``openforge proxy`` runs), any other ASGI app, or a ProxyApp with ``server="uvicorn"``
+    (``proxy._http``, what ``openforge proxy`` runs), any other ASGI app, or a ProxyApp with ``server="uvicorn"``
     (the ASGI path other servers take), on uvicorn with lifespan on."""
 
     def __init__(self, app, port: int = 0, server: str = "front"):

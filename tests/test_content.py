@@ -177,7 +177,7 @@ def test_answers_give_their_prompt_ids_as_text_only_where_it_is_safe():
     import orjson
 
     from forge_store._tokens import IdsText
-    from proxy._record import loads_answer
+    from proxy._protocols.completion import loads_answer
 
     chat = {"id": "c", "choices": [{"index": 0, "message": {"content": 'say "prompt_token_ids":[1,2]'}}],
             "prompt_token_ids": [5, 60, 700]}

@@ -247,7 +247,7 @@ def test_a_lone_call_yields_the_cpu_once_its_request_is_upstream_and_one_among_o
     server on the same CPU starts on it before the proxy's own bookkeeping); with others in flight it does not."""
     import proxy._service
 
-    registry = px.proxy.app.service.registry
+    registry = px.proxy.app.service.rollouts
     seen: list[int] = []  # calls in flight at each yield
     monkeypatch.setattr(proxy._service, "_sched_yield", lambda: seen.append(registry.in_flight))
     client = px.async_client(px.register("r1"))

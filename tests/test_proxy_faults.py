@@ -313,7 +313,7 @@ def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
     url = serve.start()
     try:
         token = proxy.signer.issue("r1")
-        proxy.service.registry.register("r1")
+        proxy.service.rollouts.register("r1")
         client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
         with pytest.raises(openai.APIError, match="not JSON"):
             list(client.chat.completions.create(model="m", messages=USER, stream=True))

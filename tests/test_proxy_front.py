@@ -1,4 +1,4 @@
-"""The proxy's own HTTP server (``proxy._http_server``) on raw sockets: what HTTP/1.1 clients other than the SDKs do.
+"""The proxy's own HTTP server (``proxy._http``) on raw sockets: what HTTP/1.1 clients other than the SDKs do.
 
 The SDK-level tests (test_proxy*.py) run through this server already; these cover the wire: pipelining, limits,
 malformed requests, 100-continue, HTTP/1.0, websocket handshakes, a client that stops reading, and stopping with
@@ -90,7 +90,7 @@ def test_pipelined_requests_are_answered_in_order(px):
 
 
 def test_requests_answered_before_any_wait_and_calls_mixed_in_one_write_keep_their_order(px):
-    """A model call starts in the step that parsed it (``_start_eagerly``), and a refusal (bad JSON, a forged
+    """A model call starts in the step that parsed it (``start_eagerly``), and a refusal (bad JSON, a forged
     token) is answered there outright, before any wait: pipelined in one write with calls and a FastAPI route, every
     answer still comes in order, and the connection stays usable afterwards."""
     token = px.register("r1")
@@ -115,7 +115,7 @@ def test_requests_answered_before_any_wait_and_calls_mixed_in_one_write_keep_the
 def test_a_coroutine_started_eagerly_runs_to_its_first_wait_at_once_and_then_as_a_task():
     import asyncio
 
-    from proxy._http_server import _start_eagerly
+    from proxy._http.eager import start_eagerly
 
     steps = []
 
@@ -137,23 +137,23 @@ def test_a_coroutine_started_eagerly_runs_to_its_first_wait_at_once_and_then_as_
     async def main():
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        task = _start_eagerly(loop, call(fut))
+        task = start_eagerly(loop, call(fut))
         assert steps == ["before the wait"]  # ran in this step, no loop turn
         fut.set_result(21)
         assert await task == 42 and steps[-1] == "after: 21"
         other = loop.create_future()
-        task = _start_eagerly(loop, call(other))
+        task = start_eagerly(loop, call(other))
         await asyncio.sleep(0)
         task.cancel()  # thrown through to the coroutine where it waits
         with pytest.raises(asyncio.CancelledError):
             await task
         assert steps[-1] == "cancelled"
         failing = loop.create_future()
-        task = _start_eagerly(loop, call(failing))
+        task = start_eagerly(loop, call(failing))
         failing.set_exception(ValueError("upstream"))
         with pytest.raises(ValueError, match="upstream"):
             await task
-        assert _start_eagerly(loop, whole()) is None and steps[-1] == "no wait"  # finished without a wait
+        assert start_eagerly(loop, whole()) is None and steps[-1] == "no wait"  # finished without a wait
 
     asyncio.run(main())
 
@@ -349,7 +349,7 @@ def test_the_asgi_app_serves_calls_streams_limits_and_disconnects_on_uvicorn(px_
 def test_a_server_that_cannot_start_says_so_at_once(up, tmp_path):
     from forge_store import Settings
     from proxy import build_proxy
-    from proxy._http_server import HttpServer
+    from proxy import HttpServer
 
     proxy = build_proxy(up.url, settings=Settings(home=tmp_path / "home"),
                         store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}")

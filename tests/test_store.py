@@ -226,7 +226,8 @@ def test_public_surface_is_pinned():
     import forge_store
 
     assert sorted(forge_store.__all__) == sorted([
-        "ANALYSIS_VIEWS", "API_SURFACES", "EXCLUSION_REASONS", "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt",
+        "ANALYSIS_VIEWS", "EXCLUSION_REASONS", "FINISH_REASON_MAX", "IdsText", "PendingPrompt", "PromptPart",
+        "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt",
         "BlobNotFound", "BlobStore", "CallRecord", "CallSummary", "EventInfo", "InvalidRecord", "JournalCorrupt",
         "JournalError", "JournalLocked",
         "LocalBlobStore", "NotFound", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings",

@@ -156,11 +156,11 @@ def test_an_answer_in_pieces_wakes_its_reader_once_and_the_connection_reads_the_
                 writer.write(body[i:i + (1 << 20)])
                 await writer.drain()
 
-    from proxy import _upstream as upstream_module
+    from proxy._upstream.connection import Connection
 
     wakes = []
-    real_wake = upstream_module._Connection._wake
-    monkeypatch.setattr(upstream_module._Connection, "_wake",
+    real_wake = Connection._wake
+    monkeypatch.setattr(Connection, "_wake",
                         lambda self: (wakes.append((self.done, self.paused)), real_wake(self)))
     async def run(up: Upstream):
         first = await up.request("POST", "/x", b"{}")
@@ -330,9 +330,9 @@ def test_a_stream_closed_at_its_done_keeps_its_connection_when_the_transfers_end
 
 
 def test_a_finished_stream_whose_transfer_never_ends_is_closed_and_one_stopped_early_at_once(monkeypatch):
-    from proxy import _upstream as upstream_module
+    from proxy._upstream import connection
 
-    monkeypatch.setattr(upstream_module, "_PARK_S", 0.3)
+    monkeypatch.setattr(connection, "PARK_S", 0.3)
     ended: list[str] = []
     server = late_end_server(None, ended)
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._errors import ProxyError
-from .._record import Completion
+import orjson
 
-PATH = "/v1/chat/completions"
-SURFACE = "chat.completions"
+from .._errors import ProxyError, UpstreamFailure
+from .completion import Completion, loads_answer
+from .contract import Translation, WireProtocol
+from .sse import sse_data
+
 DIALECTS = ("vllm", "sglang", "openai")
+PROMPT_KEYS = ("messages", "tools", "prompt")
 
 
 @dataclass(frozen=True)
@@ -180,3 +183,68 @@ class StreamState:
         if not c.logprobs:
             c.logprobs = None
         return c
+
+
+class ChatRelay:
+    """A chat-shaped stream: each upstream chunk goes on as it came (less what the proxy added), ``[DONE]`` last."""
+
+    def __init__(self, state: StreamState):
+        self.state, self.done, self.error = state, False, None
+
+    @property
+    def first_token(self) -> bool:
+        return self.state.first_token
+
+    def feed(self, event: bytes) -> bytes:
+        data = sse_data(event)
+        if data is None:
+            return event + b"\n\n"
+        if data == b"[DONE]":
+            self.done = True
+            return b""
+        chunk = loads_answer(data, not self.state.wants.token_ids)
+        if "error" in chunk and not chunk.get("choices"):
+            self.error = ("upstream_stream_error", data[:2000].decode(errors="replace"))
+            return event + b"\n\n"
+        out = self.state.feed(chunk)
+        if out is None:
+            return b""
+        return b"data: " + (data if out is chunk and self.state.wants.everything else orjson.dumps(out)) + b"\n\n"
+
+    def failure(self, exc: UpstreamFailure) -> bytes:
+        return b"data: " + orjson.dumps(exc.openai_body()) + b"\n\n"
+
+    def result(self) -> Completion:
+        return self.state.result()
+
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n" if self.done else b""
+
+
+class ChatCompletions(WireProtocol):
+    """The client's API is the upstream's: the body goes on with the token-id asks added, the answer comes back less
+    what the client did not ask for."""
+
+    PATHS = ("/v1/chat/completions",)
+    SURFACE = "chat.completions"
+    UPSTREAM_PATH = "/v1/chat/completions"
+
+    def validate(self, body: dict) -> None:
+        validate(body)
+
+    def translate(self, body: dict, dialect: str, rollout_id: str | None) -> Translation:
+        up, wants = prepare(body, dialect)
+        return Translation(body["messages"], body.get("tools"), up, wants,
+                           {k: v for k, v in body.items() if k not in PROMPT_KEYS}, bool(body.get("stream")))
+
+    def parse(self, data: dict) -> Completion:
+        return parse(data)
+
+    def answer(self, data: dict, wants: Wants) -> dict:
+        return strip(data, wants)
+
+    def ids_as_text(self, wants: Wants) -> bool:
+        return not wants.token_ids  # a client that asked for the ids gets them as the upstream sent them
+
+    def relay(self, wants: Wants) -> ChatRelay:
+        return ChatRelay(StreamState(wants))

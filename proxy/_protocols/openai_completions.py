@@ -8,23 +8,16 @@ client did not ask.
 from __future__ import annotations
 
 from .._errors import ProxyError
-from .._record import Completion
+from .completion import Completion
+from .contract import Translation
+from .openai_chat import PROMPT_KEYS, ChatCompletions, ChatRelay, Wants
 from .openai_chat import StreamState as ChatStreamState
-from .openai_chat import Wants
-
-PATH = "/v1/completions"
-SURFACE = "completions"
 
 
 def validate(body: dict) -> None:
     if "prompt" not in body:
         raise ProxyError(400, "'prompt' is required: a string, a list of strings or a list of token ids",
                          param="prompt", code="missing_prompt")
-
-
-def messages(body: dict) -> list[dict]:
-    """The prompt as the store's message list: one message with role "prompt"."""
-    return [{"role": "prompt", "content": body["prompt"]}]
 
 
 def prepare(body: dict, dialect: str) -> tuple[dict, Wants]:
@@ -96,3 +89,30 @@ class StreamState(ChatStreamState):
         if out is not None and not self.wants.everything:
             strip(out, self.wants)
         return out
+
+
+class Completions(ChatCompletions):
+    """Like chat completions (the client's API is the upstream's); the prompt is stored as one message with role
+    "prompt"."""
+
+    PATHS = ("/v1/completions",)
+    SURFACE = "completions"
+    UPSTREAM_PATH = "/v1/completions"
+
+    def validate(self, body: dict) -> None:
+        validate(body)
+
+    def translate(self, body: dict, dialect: str, rollout_id: str | None) -> Translation:
+        up, wants = prepare(body, dialect)
+        return Translation([{"role": "prompt", "content": body["prompt"]}], body.get("tools"), up, wants,
+                           {k: v for k, v in body.items() if k not in PROMPT_KEYS},
+                           bool(body.get("stream")))
+
+    def parse(self, data: dict) -> Completion:
+        return parse(data)
+
+    def answer(self, data: dict, wants: Wants) -> dict:
+        return strip(data, wants)
+
+    def relay(self, wants: Wants) -> ChatRelay:
+        return ChatRelay(StreamState(wants))

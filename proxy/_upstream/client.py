@@ -1,4 +1,4 @@
-"""The one upstream client: HTTP/1.1 keep-alive connections on asyncio protocols, parsed by httptools.
+"""The one upstream client (``Upstream``): HTTP/1.1 keep-alive connections on asyncio protocols, parsed by httptools.
 
 The proxy forwards bodies it has already serialized and reads answers whole or as SSE, one origin, many concurrent
 calls: a general-purpose client's per-request machinery (URL objects, header multidicts, cookie jars, tracing,
@@ -20,20 +20,16 @@ at 16 clients with ``bench/proxy_overhead.py``'s load). http and https (for host
 from __future__ import annotations
 
 import asyncio
-import collections
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httptools
-
-from ._errors import UpstreamFailure
+from .._errors import UpstreamFailure
+from .connection import Connection, Gone
 
 _KEEPALIVE_S = 3.0
-_PARK_S = 1.0  # how long a finished stream's connection waits for the end of its transfer before it is closed
-_HIGH_WATER = 4 << 20  # buffered answer bytes before the connection stops reading
 
 
 @dataclass
@@ -42,151 +38,6 @@ class UpstreamAnswer:
     content_type: str
     body: bytes
     waited_s: float = 0.0  # from the request's last write to the answer's last byte: the upstream's share of a call
-
-
-class _Gone(Exception):
-    """The connection closed (or broke the protocol) before the answer was complete; ``started``: bytes came."""
-
-    def __init__(self, cause: BaseException | None, started: bool):
-        super().__init__(str(cause) if cause else "connection closed")
-        self.cause, self.started = cause, started
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; one answer at a time."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.idle_since = 0.0
-        self.parser = httptools.HttpResponseParser(self)  # goes on to the next answer of a kept-alive connection
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.waiter: asyncio.Future | None = None
-        self.parked: Callable[[_Connection], None] | None = None  # see park()
-        self._park_timer: asyncio.TimerHandle | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        """Ready for the next answer (the previous one was taken whole)."""
-        self.status = 0
-        self.content_type = ""
-        self.headers_done = self.done = self.started = self.framed = False
-        self.keep_alive = True
-        self.buffered = 0
-        self.done_at = 0.0
-        self.error: _Gone | None = None
-        self.paused = False
-        self.whole = False  # the caller wants the answer whole: wake it when it is complete (or fails), not per piece
-
-    # ---- asyncio protocol ----
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.started = True
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.error = _Gone(exc, True)
-            self.abort()
-        if self.parked is not None:
-            if self.done or self.error is not None:
-                self._unpark()
-            return
-        if not self.whole or self.done or self.error is not None or self.paused:
-            self._wake()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.closed = True
-        if self.parked is not None:
-            self._unpark()  # closed: the pool drops it
-            return
-        if not self.done and self.error is None:
-            if self.headers_done and exc is None and not self.framed:  # a body delimited by the connection's end
-                self.done, self.keep_alive = True, False
-            else:
-                self.error = _Gone(exc, self.started)
-        self._wake()
-
-    # ---- httptools callbacks ----
-    def on_header(self, name: bytes, value: bytes) -> None:
-        n = len(name)
-        if n == 12 and name.lower() == b"content-type":
-            self.content_type = value.decode("latin-1").split(";", 1)[0].strip()
-        elif (n == 14 and name.lower() == b"content-length") or (n == 17 and name.lower() == b"transfer-encoding"):
-            self.framed = True
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.headers_done = True
-
-    def on_body(self, body: bytes) -> None:
-        if self.parked is not None:  # the caller is gone; the transfer's last bytes are not anyone's
-            return
-        self.chunks.append(body)
-        self.buffered += len(body)
-        if self.buffered > _HIGH_WATER and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-
-    def on_message_complete(self) -> None:
-        self.done_at = time.perf_counter()
-        self.done = True
-        self.keep_alive = self.parser.should_keep_alive()
-
-    # ---- the answer, for one caller ----
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def wait(self, timeout: float) -> None:
-        """Until something new arrives (headers, body, end, error); TimeoutError after ``timeout`` of silence."""
-        self.waiter = waiter = self.loop.create_future()
-        timer = self.loop.call_later(timeout, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self.waiter = None
-
-    def park(self, checkin: Callable[[_Connection], None]) -> None:
-        """The caller has what it wanted, but the transfer has not ended yet (a stream's terminating event came and
-        the empty last chunk is still on its way, often in a packet of its own): ``checkin(self)`` once it ends,
-        rather than closing a connection the server is about to leave reusable. Closed if it does not end within
-        ``_PARK_S``."""
-        self.chunks.clear()
-        self.buffered = 0
-        if self.paused:
-            self.paused = False
-            self.transport.resume_reading()
-        self.parked = checkin
-        self._park_timer = self.loop.call_later(_PARK_S, self.abort)
-
-    def _unpark(self) -> None:
-        checkin, self.parked = self.parked, None
-        self._park_timer.cancel()
-        checkin(self)
-
-    def abort(self) -> None:
-        """Close this connection for good (its answer is abandoned or broken)."""
-        if not self.closed:
-            self.closed = True
-            self.transport.close()
-
-    def take(self) -> bytes:
-        out = b"".join(self.chunks) if len(self.chunks) != 1 else self.chunks[0]
-        self.chunks.clear()
-        self.buffered = 0
-        if self.paused:
-            self.paused = False
-            self.transport.resume_reading()
-        return out
-
-
-def _expire(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class Upstream:
@@ -209,8 +60,8 @@ class Upstream:
             head += f"Authorization: Bearer {api_key}\r\n"
         self._head = head
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
-        self._idle: list[_Connection] = []
-        self._parked: set[_Connection] = set()  # finished streams whose transfer has not ended yet (see _checkin)
+        self._idle: list[Connection] = []
+        self._parked: set[Connection] = set()  # finished streams whose transfer has not ended yet (see _checkin)
         self._slots: asyncio.Semaphore | None = None
         self._pool = pool
 
@@ -228,19 +79,19 @@ class Upstream:
         if isinstance(exc, TimeoutError):
             return UpstreamFailure(504, f"upstream {self.base_url}{path} did not answer within the read timeout; "
                                         "the inference server is overloaded or stuck", "upstream_timeout")
-        if isinstance(exc, _Gone) and exc.cause is None:
+        if isinstance(exc, Gone) and exc.cause is None:
             return UpstreamFailure(502, f"upstream {self.base_url}{path} closed the connection before its answer was "
                                         "complete; check the inference server's log", "upstream_unreachable")
-        if isinstance(exc, _Gone):
+        if isinstance(exc, Gone):
             exc = exc.cause
         return UpstreamFailure(502, f"upstream {self.base_url}{path} unreachable ({exc.__class__.__name__}: {exc}); "
                                     "check that the inference server is running", "upstream_unreachable")
 
-    async def _connect(self, path: str) -> _Connection:
+    async def _connect(self, path: str) -> Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), self._host, self._port, ssl=self._ssl,
+                loop.create_connection(lambda: Connection(loop), self._host, self._port, ssl=self._ssl,
                                        server_hostname=self._host if self._ssl else None),
                 self.connect_timeout_s)
         except OSError as exc:  # TimeoutError and ssl.SSLError among them
@@ -248,7 +99,7 @@ class Upstream:
                              ConnectionError(f"no connection within {self.connect_timeout_s}s"), path) from exc
         return conn
 
-    def _checkout(self) -> _Connection | None:
+    def _checkout(self) -> Connection | None:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
@@ -257,13 +108,13 @@ class Upstream:
             conn.abort()
         return None
 
-    def _checkin(self, conn: _Connection, complete: bool = False) -> None:
+    def _checkin(self, conn: Connection, complete: bool = False) -> None:
         """Back to the pool if its answer was taken whole and the server keeps it alive; ``complete``: the caller
         has all of the answer it wanted, so a transfer that has not quite ended is waited for (``park``) instead of
         closed. Anything else is closed (a server stops generating when its client goes)."""
         if conn.done and conn.keep_alive and conn.error is None and not conn.closed and not conn.chunks:
             conn.idle_since = time.monotonic()
-            conn._reset()
+            conn.reset()
             self._idle.append(conn)
         elif complete and not conn.done and conn.error is None and not conn.closed and conn.keep_alive:
             self._parked.add(conn)
@@ -286,7 +137,7 @@ class Upstream:
             self._slots.release()
             raise
 
-    async def _body(self, conn: _Connection, path: str) -> AsyncIterator[bytes]:
+    async def _body(self, conn: Connection, path: str) -> AsyncIterator[bytes]:
         """The answer's body as it arrives (what came since the last step, joined); UpstreamFailure if it breaks
         off or goes silent past the read timeout."""
         try:
@@ -299,21 +150,21 @@ class Upstream:
                     raise conn.error
                 else:
                     await conn.wait(self.read_timeout_s)
-        except (_Gone, TimeoutError) as exc:
+        except (Gone, TimeoutError) as exc:
             conn.abort()
             raise self._fail(exc, path) from None
 
-    async def _read_rest(self, conn: _Connection, path: str) -> bytes:
+    async def _read_rest(self, conn: Connection, path: str) -> bytes:
         if conn.done and conn.error is None:  # the whole answer came with its head (the usual case): no generator
             return conn.take() if conn.chunks else b""
         parts = [data async for data in self._body(conn, path)]
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
-    def _unparked(self, conn: _Connection) -> None:
+    def _unparked(self, conn: Connection) -> None:
         self._parked.discard(conn)
         self._checkin(conn)
 
-    def _finish(self, conn: _Connection, complete: bool = False) -> None:
+    def _finish(self, conn: Connection, complete: bool = False) -> None:
         self._checkin(conn, complete)
         self._slots.release()
 
@@ -330,7 +181,7 @@ class Pending:
 
     def __init__(self, upstream: Upstream, path: str, data: bytes):
         self._upstream, self._path, self._data = upstream, path, data
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._reused = False
         self.sent_at = 0.0
 
@@ -344,7 +195,7 @@ class Pending:
         conn.transport.write(self._data)
         self.sent_at = time.perf_counter()
 
-    async def _head(self, whole: bool = False) -> _Connection:
+    async def _head(self, whole: bool = False) -> Connection:
         """Wait for the answer's head (``whole``: for the whole answer, without a wake-up per piece); once more on a
         new connection if a pooled one was found closed."""
         up = self._upstream
@@ -358,9 +209,9 @@ class Pending:
                             raise conn.error
                         await conn.wait(up.read_timeout_s)
                     return conn
-                except (_Gone, TimeoutError) as exc:
+                except (Gone, TimeoutError) as exc:
                     conn.abort()
-                    if attempt == 1 and self._reused and isinstance(exc, _Gone) and not exc.started:
+                    if attempt == 1 and self._reused and isinstance(exc, Gone) and not exc.started:
                         await self._write()  # a keep-alive connection the server had closed
                         continue
                     raise up._fail(exc, self._path) from None
@@ -391,7 +242,7 @@ class Pending:
 class UpstreamStream:
     """An open streaming answer; iterate SSE events (the bytes between blank lines), then ``close()``."""
 
-    def __init__(self, upstream: Upstream, conn: _Connection, path: str):
+    def __init__(self, upstream: Upstream, conn: Connection, path: str):
         self._upstream, self._conn, self._path = upstream, conn, path
         self.status = conn.status
         self.content_type = conn.content_type

@@ -16,13 +16,13 @@ from forge_store import NotFound, Store
 
 from ._auth import TokenSigner
 from ._errors import ProxyError, unauthorized
-from ._record import PromptCache
 
 
 @dataclass
 class Binding:
+    """One rollout as the proxy serves it: the order of its calls and which requests it made before."""
+
     rollout_id: str | None
-    prompts: PromptCache = field(default_factory=PromptCache)
     first_call_by_request: OrderedDict = field(default_factory=OrderedDict)
     last_seq: int = 0
     ended: bool = False
@@ -33,7 +33,8 @@ class Binding:
         return self.last_seq
 
     def retry_of(self, request_hash: str, call_id: str) -> str | None:
-        """The first call with this exact request in the rollout, if this one repeats it."""
+        """The first call with this exact request (``request_hash``: the store's) in the rollout, if this one repeats
+        it."""
         first = self.first_call_by_request.get(request_hash)
         if first is None:
             self.first_call_by_request[request_hash] = call_id
@@ -42,7 +43,7 @@ class Binding:
         return first
 
 
-class Registry:
+class RolloutRegistry:
     def __init__(self, store: Store, signer: TokenSigner, *, allow_unbound: bool = False, pause_max_s: float = 300):
         self.store, self.signer, self.allow_unbound, self.pause_max_s = store, signer, allow_unbound, pause_max_s
         self._open: dict[str, Binding] = {}
@@ -64,7 +65,9 @@ class Registry:
         return binding, self.signer.issue(rollout_id, ttl_s)
 
     def end(self, rollout_id: str) -> bool:
+        """Close the rollout (its token stops working); the store forgets its last prompt (memory). True if open."""
         self._ended.add(rollout_id)
+        self.store.forget_rollout(rollout_id)
         return self._open.pop(rollout_id, None) is not None
 
     async def authorize(self, token: str | None) -> Binding:

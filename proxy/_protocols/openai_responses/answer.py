@@ -13,14 +13,16 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import orjson
 
-from .._errors import UpstreamFailure
-from .._record import Completion
-from . import openai_chat
-from .contract import TranslatingRelay, chat_tool_call, sse_event
+from ..._errors import UpstreamFailure
+from .. import openai_chat
+from ..completion import Completion, chat_tool_call
+from ..sse import sse_event
+from ..translating_relay import TranslatingRelay
 
 _SEAL = "ofr1:"
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -59,6 +61,24 @@ class ToolMap:
         return self.by_chat.get(chat_name, ("function", None, chat_name))
 
 
+class ResponseMemory:
+    """Recent conversations by (rollout, response id), for ``previous_response_id``; least recently used go first."""
+
+    def __init__(self, capacity: int = 4096):
+        self.capacity, self._items = capacity, OrderedDict()
+
+    def get(self, rollout_id: str | None, response_id: str) -> list[dict] | None:
+        key = (rollout_id, response_id)
+        if key in self._items:
+            self._items.move_to_end(key)
+        return self._items.get(key)
+
+    def put(self, rollout_id: str | None, response_id: str, history: list[dict]) -> None:
+        self._items[(rollout_id, response_id)] = history
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+
 @dataclass
 class Turn:
     """One Responses call's context: ids, the request (echoed in the response), the tool map, what to remember."""
@@ -69,7 +89,7 @@ class Turn:
     tools: ToolMap
     sealed: bool  # the client asked for reasoning.encrypted_content
     history: list[dict]  # the conversation so far without instructions, kept for previous_response_id
-    memory: object | None  # ResponseMemory, or None when the response is not kept (store: false)
+    memory: ResponseMemory | None  # None when the response is not kept (store: false)
     rollout_id: str | None
 
 

@@ -16,10 +16,12 @@ import uuid
 
 import orjson
 
-from .._errors import ProxyError, UpstreamFailure
-from .._record import Completion
-from . import openai_chat
-from .contract import TranslatingRelay, sse_event, upstream_message
+from ..._errors import ProxyError, UpstreamFailure
+from .. import openai_chat
+from ..completion import Completion
+from ..errors import upstream_message
+from ..sse import sse_event
+from ..translating_relay import TranslatingRelay
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

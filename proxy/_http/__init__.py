@@ -1,0 +1,5 @@
+"""The proxy's own HTTP/1.1 server (``HttpServer``), which ``openforge proxy`` runs."""
+
+from .server import HttpServer
+
+__all__ = ["HttpServer"]
