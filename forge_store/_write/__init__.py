@@ -1,7 +1,8 @@
 """The store's write path, one module per step; a write is durable before its caller hears back.
 
 ``Store.record_call`` -> ``call_encoder`` (a call -> an operation: message and tool bodies by hash, prompt token ids
-as a delta against the rollout's previous call) -> ``op_codec`` (an operation <-> journal bytes) -> ``journal``
+as a delta against the rollout's previous call; ``prompt_cache`` keeps each rollout's last prompt, so that only new
+messages are prepared and hashed) -> ``op_codec`` (an operation <-> journal bytes) -> ``journal``
 (``Journal`` appends, with group-commit fsync, in the format of ``journal_files``) -> the submitter is answered.
 Then a database side applies what is journaled, by one of two writers that share ``journaling_writer``:
 ``thread_writer`` (a thread of this process) or ``process_writer`` (a child process, ``drain_process``, which reads

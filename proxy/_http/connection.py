@@ -25,10 +25,12 @@ from .status import status_line
 log = logging.getLogger("proxy")
 
 _MAX_HEAD = 64 << 10  # request line and headers; past it: 431
-STARTING = object()  # ``_Connection.worker`` while the worker runs its first step
+_STARTING = object()  # ``Connection.worker`` while the worker runs its first step
 
 
 class Request:
+    """One request as parsed: its head, its body once whole, or the error to answer it with."""
+
     __slots__ = ("method", "url", "headers", "chunks", "size", "body", "keep_alive", "http_version", "upgrade",
                  "error", "head", "target")
 
@@ -41,6 +43,8 @@ class Request:
 
 
 class Connection(asyncio.Protocol):
+    """One client connection (see the module docstring)."""
+
     def __init__(self, front):  # its HttpServer (which imports this module)
         self.front, self.app = front, front.app
         self.loop = front.loop
@@ -167,9 +171,9 @@ class Connection(asyncio.Protocol):
             if req.error is not None or req.method != "POST" or not self._model_call(req):
                 self.worker = self.loop.create_task(self._serve())
                 return
-            self.worker = STARTING  # requests parsed while it starts queue behind it
+            self.worker = _STARTING  # requests parsed while it starts queue behind it
             task = start_eagerly(self.loop, self._serve())
-            if self.worker is STARTING:  # still at work (it sets None itself when it ends before its first wait)
+            if self.worker is _STARTING:  # still at work (it sets None itself when it ends before its first wait)
                 self.worker = task
 
     def _model_call(self, req: Request) -> bool:
