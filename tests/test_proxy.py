@@ -147,6 +147,33 @@ def test_images_go_to_blobs_and_upstream_gets_them_unaltered(px):
     assert base64.b64encode(png).decode() not in str(call.messages)
 
 
+def test_sub_agents_of_one_rollout_at_once_each_store_their_own_prompt(px):
+    """Concurrent calls of one rollout sharing a history (a screenshot, a secret) with different last messages: the
+    rollout's one prompt cache serves them all, and every call stores its own whole prompt, redacted, its image as a
+    blob, whichever call's copies it reused."""
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    shared = [{"role": "system", "content": "Key sk-" + "a" * 24 + " is secret."},
+              {"role": "user", "content": [{"type": "text", "text": "The screen:"}, {"type": "image_url", "image_url": {
+                  "url": "data:image/png;base64," + base64.b64encode(png).decode()}}]}]
+    token = px.register("r1")
+
+    async def one(i: int):
+        client = px.async_client(token)
+        await client.chat.completions.create(model="m", messages=shared + [{"role": "user", "content": f"task {i}"}])
+        await client.close()
+
+    async def main():
+        await asyncio.gather(*(one(i) for i in range(12)))
+
+    asyncio.run(main())
+    calls = px.calls("r1")
+    assert sorted(c.messages[-1]["content"] for c in calls) == sorted(f"task {i}" for i in range(12))
+    assert all(c.messages[:2] == calls[0].messages[:2] for c in calls)
+    assert calls[0].messages[0]["content"] == "Key [REDACTED:api_keys] is secret."
+    assert all(c.metadata["redacted"] == ["api_keys"] and len(c.image_hashes) == 1 for c in calls)
+    assert px.store.get_blob(calls[0].image_hashes[0]) == png
+
+
 def test_completions_endpoint_with_text_and_token_prompts(px, tokenizer):
     client = px.client(px.register("r1"))
     r = client.completions.create(model="m", prompt="The capital of France is", max_tokens=8)
