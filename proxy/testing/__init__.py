@@ -14,7 +14,7 @@ from .server import UpstreamServer
 from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, load_tokenizer_from_gguf
 
 # Imported on first use, so that `python -m proxy.testing.upstream` does not load the module twice.
-_LAZY = {"RecordedRequest", "ScriptedUpstream", "run_upstream"}
+_LAZY = {"RecordedRequest": "upstream", "ScriptedUpstream": "upstream", "run_upstream": "serve"}
 
 __all__ = [
     "ChatTokenizer",
@@ -37,5 +37,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module("proxy.testing.upstream"), name)
+        return getattr(importlib.import_module(f"proxy.testing.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'proxy.testing' has no attribute {name!r}")

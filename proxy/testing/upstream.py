@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import gc
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,10 +36,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from . import _answers as A
 from .script import Delay, HTTPError, Script, Step, Text, load_script
-from .server import UpstreamServer
 from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, message_text
 
-__all__ = ["RecordedRequest", "ScriptedUpstream", "UpstreamServer", "run_upstream"]
+__all__ = ["RecordedRequest", "ScriptedUpstream"]
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _JSON = "application/json"
@@ -361,24 +359,6 @@ class ScriptedUpstream:
     async def _admin_reset(self) -> Response:
         self.reset()
         return _ok({})
-
-
-@contextlib.contextmanager
-def run_upstream(upstream: ScriptedUpstream | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve `upstream` (a default one if None) on a free loopback port; yields the root URL.
-
-    OpenAI clients want `base_url=url + "/v1"`; `/tokenize` and `/health` live at the root, as in vLLM.
-    """
-    if upstream is None:
-        from .upstream import ScriptedUpstream
-
-        upstream = ScriptedUpstream()
-    server = UpstreamServer(upstream, host, port)
-    server.start()
-    try:
-        yield server.base_url
-    finally:
-        server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
