@@ -16,6 +16,8 @@ from datetime import datetime, timedelta, timezone
 
 from . import CallRecord, Store
 
+__all__ = ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"]
+
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 REACT_TOOLS = [

@@ -74,16 +74,16 @@ def missing_requirements(extras: list[str] | tuple[str, ...]) -> list[str]:
     return missing
 
 
-def _unavailable(name: str, extras: list[str], why: str):
+def _add_unavailable(app: typer.Typer, name: str, extras: list[str], why: str) -> None:
+    """``openforge NAME ...`` (any arguments) fails with what is missing and the command that installs it."""
     install = f"pip install 'openforge[{','.join(extras)}]'" if extras else "reinstall openforge"
 
     def command(ctx: typer.Context) -> None:
         typer.echo(f"error: `openforge {name}` is not available here: {why}. Install it with: {install}", err=True)
         raise typer.Exit(2)
 
-    command.__doc__ = f"(not installed: {install})"
-    return typer.Typer(invoke_without_command=True, add_help_option=False, callback=command,
-                       context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    app.command(name, help=f"(not installed: {install})", add_help_option=False,
+                context_settings={"ignore_unknown_options": True, "allow_extra_args": True})(command)
 
 
 def build_app() -> typer.Typer:
@@ -92,13 +92,12 @@ def build_app() -> typer.Typer:
         extras = list(ep.extras)
         missing = missing_requirements(extras)
         if missing:
-            app.add_typer(_unavailable(ep.name, extras, f"it needs {', '.join(missing)}"), name=ep.name)
+            _add_unavailable(app, ep.name, extras, f"it needs {', '.join(missing)}")
             continue
         try:
             obj = ep.load()
         except Exception as exc:  # one broken part must not take the other parts' commands down with it
-            app.add_typer(_unavailable(ep.name, extras, f"loading {ep.value} failed ({type(exc).__name__}: {exc})"),
-                          name=ep.name)
+            _add_unavailable(app, ep.name, extras, f"loading {ep.value} failed ({type(exc).__name__}: {exc})")
             continue
         if isinstance(obj, typer.Typer):
             app.add_typer(obj, name=ep.name)
