@@ -26,6 +26,8 @@ EXCLUSION_REASONS = (
     "truncated",
     "filtered",
     "missing_data",
+    "evaluation",  # an evaluation rollout (run purpose "eval"): measured, never trained on
+    "teacher",  # a teacher's demonstration (run purpose "teacher"): SFT data, never in a GRPO shard
 )
 
 REWARD_SOURCES = ("verifier", "judge", "human", "api")

@@ -41,6 +41,7 @@ class ShardWriter:
     def __init__(self, out: Path, prefix: str, schema: pa.Schema, fmt: str, cfg: ExportConfig):
         self.out, self.prefix, self.cfg = out, prefix, cfg
         self.schema = schema.with_metadata({"openforge.format": fmt, "openforge.format_version": str(FORMAT_VERSION)})
+        self.storage = pa.schema([f.with_type(_storage_type(f.type)) for f in self.schema])
         self.buf: list[dict] = []
         self.files: list[tuple[str, int]] = []
         self.writer: pq.ParquetWriter | None = None
@@ -61,7 +62,8 @@ class ShardWriter:
                 self.files.append((name, 0))
                 self.in_shard = 0
             take = min(len(self.buf), self.cfg.rows_per_shard - self.in_shard)
-            self.writer.write_table(pa.Table.from_pylist(self.buf[:take], schema=self.schema))
+            table = pa.Table.from_pylist(self.buf[:take], schema=self.storage)
+            self.writer.write_table(table.cast(self.schema) if self.storage != self.schema else table)
             self.buf = self.buf[take:]
             self.in_shard += take
             self.files[-1] = (self.files[-1][0], self.in_shard)
@@ -74,6 +76,18 @@ class ShardWriter:
         if self.writer is not None:
             self.writer.close()
         return self.files
+
+
+def _storage_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with every extension type (Arrow's JSON) replaced by its storage: rows are built from Python values in
+    that form, then cast."""
+    if isinstance(t, pa.BaseExtensionType):
+        return t.storage_type
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_storage_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_storage_type(t.field(i).type)) for i in range(t.num_fields)])
+    return t
 
 
 def _sha256(path: Path) -> str:

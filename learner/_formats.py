@@ -4,7 +4,8 @@
   ``{uid}_{session}_{index}`` = group, rollout, segment) and ``rl_prompts-*.parquet`` (one row per group:
   data_source, prompt, reward_model, extra_info, agent_name).
 * ``trl``: ``samples-*.parquet`` with rollout_func's prompt_ids, completion_ids, logprobs, env_mask.
-* ``sft``: ``conversations-*.parquet``, chat messages as JSON; accepts calls that are not token-exact.
+* ``sft``: ``conversations-*.parquet`` in TRL's conversational format (``messages`` as a list of message structs,
+  ``tools`` as JSON schemas), which ``SFTTrainer`` trains on unchanged; accepts calls that are not token-exact.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from forge_store import StoredCall
-
-from ._plan import GroupPlan, Planner, RolloutPlan
-from ._reconstruct import call_problem
+from ._plan import GroupPlan, Planner, RolloutPlan, rollout_purpose
+from ._sft import MESSAGE
 
 _ints = pa.list_(pa.int32())
 _strs = pa.list_(pa.string())
@@ -122,48 +121,27 @@ class TrlExporter:
                             for rp, idx, seg, rew, adv in _segments(plan, planner.cfg.gamma)]}
 
 
-def assistant_message(call: StoredCall) -> dict:
-    """The answer as chat history carries it (the store keeps the proxy's ``response``: text, tool_calls, reasoning)."""
-    resp = call.response or {}
-    msg = {"role": "assistant", "content": resp.get("text")}
-    if resp.get("tool_calls"):
-        msg["tool_calls"] = resp["tool_calls"]
-    if resp.get("reasoning"):
-        msg["reasoning_content"] = resp["reasoning"]
-    return msg
-
-
 class SftExporter:
-    """Message-level reconstruction: a call extends the conversation when its messages start with the previous
-    call's messages + answer (compared by content hash); otherwise the conversation so far becomes a row."""
+    """Whole conversations in TRL's conversational format (``messages`` + ``tools``); see :mod:`learner._sft`."""
 
     name = "sft"
     schemas = {"conversations": pa.schema([
-        pa.field("messages", pa.string()), pa.field("tools", pa.string()), pa.field("reward", pa.float64()),
-        pa.field("token_exact", pa.bool_()), pa.field("segment_index", pa.int32()), *LINEAGE_FIELDS,
+        pa.field("messages", pa.list_(MESSAGE)), pa.field("tools", pa.list_(pa.json_())),
+        pa.field("reward", pa.float64()), pa.field("token_exact", pa.bool_()), pa.field("segment_index", pa.int32()),
+        pa.field("purpose", pa.string()), *LINEAGE_FIELDS,
     ])}
 
     def rows(self, plan: GroupPlan, planner: Planner) -> dict[str, list[dict]]:
         out = []
         for rp in plan.rollouts:
-            convs: list[tuple[list[StoredCall], list[dict], list[str]]] = []
-            for c in rp.calls:
-                problem = call_problem(c, keep_truncated=planner.cfg.keep_truncated)
-                if problem is not None and problem.reason != "not_token_exact":
-                    continue
-                msgs = c.messages + [assistant_message(c)]
-                hashes = c.message_hashes + [c.response_message_hash or ""]
-                if convs and c.message_hashes[: len(convs[-1][2])] == convs[-1][2]:
-                    convs[-1] = (convs[-1][0] + [c], msgs, hashes)
-                else:
-                    convs.append(([c], msgs, hashes))
-            for idx, (calls, msgs, _) in enumerate(convs):
+            for idx, conv in enumerate(rp.convs):
+                calls = conv.calls
                 schemas = sorted({c.tool_schema_hash for c in calls if c.tool_schema_hash})
                 images = sorted({h for c in calls for h in (c.image_hashes or ())})
-                out.append(dict(messages=json.dumps(msgs, sort_keys=True, ensure_ascii=False),
-                                tools=json.dumps(calls[-1].tools, sort_keys=True) if calls[-1].tools else None,
+                out.append(dict(messages=conv.messages, tools=conv.tools,
                                 reward=rp.reward.value if rp.reward else None,
                                 token_exact=all(c.token_exact for c in calls), segment_index=idx,
+                                purpose=rollout_purpose(rp.info),
                                 **_lineage(rp, [c.id for c in calls], schemas, images)))
         return {"conversations": out}
 

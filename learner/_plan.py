@@ -3,6 +3,11 @@
 Rules, in the order they are applied to each finished rollout (first match wins; unfinished rollouts as of the
 watermark are counted, not excluded: a later export takes them):
 
+0. The run's purpose (``rollout_purpose``: the rollout's ``metadata["purpose"]``, ``train`` when absent):
+   ``evaluation`` for every ``eval`` rollout, whatever the format (held-out measurements never become training
+   data); ``teacher`` for ``teacher`` rollouts in a token-level format (veRL, TRL: a teacher's calls are not the
+   policy's samples, so they have no place in a policy-gradient shard; SFT shards take them); ``filtered`` for a
+   purpose this version does not know (never trained on by guess).
 1. ``filtered``: the ``--where`` filter is false (also ``policy_timeout`` rollouts when configured off).
 2. ``infra_error``: outcome ``infra_error`` (invariant 6: never a zero reward).
 3. ``no_reward``: outcome ``cancelled`` (never graded), or no reward row from the allowed sources.
@@ -12,8 +17,9 @@ watermark are counted, not excluded: a later export takes them):
 6. ``incomplete_group``: fewer surviving rollouts than ``min_group_size`` (default: the group's target size).
 
 Rules 3 and 6 do not apply to the SFT format (it needs no reward). Calls are then excluded one by one
-(``infra_error``, ``not_token_exact``, ``truncated``; see :mod:`learner._reconstruct`); a rollout whose calls are all
-excluded still counts in its group's GRPO statistics, since its reward is a fair sample of the policy.
+(``infra_error``, ``not_token_exact``, ``truncated``; see :mod:`learner._reconstruct`; the SFT format's own rules are
+in :mod:`learner._sft`); a rollout whose calls are all excluded still counts in its group's GRPO statistics, since
+its reward is a fair sample of the policy.
 A rollout without a group is a group of its own (target size 1).
 
 A rollout's reward is the one that counts by the store's rule (``Store.latest_rewards``: its latest from
@@ -31,7 +37,8 @@ from forge_store import RewardInfo, RolloutInfo, Store, StoredCall
 
 from ._grpo import GrpoConfig, group_advantages, policy_lag, policy_order, segment_values
 from ._query import parse_where
-from ._reconstruct import CallExclusion, Reconstruction, call_problem, reconstruct_rollout
+from ._reconstruct import CallExclusion, Reconstruction, reconstruct_rollout
+from ._sft import Conversation, sft_conversations
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,8 @@ class RolloutPlan:
     info: RolloutInfo
     calls: list[StoredCall]
     reward: RewardInfo | None
-    recon: Reconstruction | None = None
+    recon: Reconstruction | None = None    # token-level formats
+    convs: list[Conversation] | None = None   # the SFT format
     advantage: float = 0.0
 
     def segment_rewards(self, gamma: float) -> list[float]:
@@ -112,9 +120,19 @@ class Tally:
     exclusions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+PURPOSES = ("train", "eval", "teacher")
+
+
+def rollout_purpose(info: RolloutInfo) -> str:
+    """The purpose of the run a rollout belongs to, as recorded in its metadata; ``train`` for older stores."""
+    purpose = (info.metadata or {}).get("purpose")
+    return "train" if purpose is None else str(purpose)
+
+
 def _row(info: RolloutInfo, reward: RewardInfo | None) -> dict:
     d = asdict(info)
     d["reward"] = reward.value if reward else None
+    d["purpose"] = rollout_purpose(info)
     return d
 
 
@@ -153,6 +171,14 @@ class Planner:
 
     def _rollout_rule(self, info: RolloutInfo, reward: RewardInfo | None) -> tuple[str, dict] | None:
         cfg = self.cfg
+        purpose = rollout_purpose(info)
+        if purpose == "eval":
+            return "evaluation", {"purpose": purpose, "rule": "evaluation rollouts are never training data"}
+        if purpose == "teacher" and self.token_level:
+            return "teacher", {"purpose": purpose, "format": cfg.format,
+                               "rule": "a teacher's demonstrations go to SFT shards, never to a policy-gradient shard"}
+        if purpose not in PURPOSES:
+            return "filtered", {"purpose": purpose, "rule": f"a run's purpose is one of {', '.join(PURPOSES)}"}
         if self.pred is not None and not self.pred(_row(info, reward)):
             return "filtered", {"where": cfg.where}
         if info.outcome == "policy_timeout" and not cfg.train_policy_timeouts:
@@ -241,10 +267,9 @@ class Planner:
                 for ex in rp.recon.excluded:
                     self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
             else:
-                for c in rp.calls:
-                    ex = call_problem(c, keep_truncated=cfg.keep_truncated)
-                    if ex is not None and ex.reason != "not_token_exact":
-                        self._exclude(ex.reason, rp.info.id, c.id, **ex.detail)
+                rp.convs, excluded = sft_conversations(rp.calls, keep_truncated=cfg.keep_truncated)
+                for ex in excluded:
+                    self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
         if self.token_level:
             res = group_advantages([rp.reward.value for rp in survivors], cfg.grpo())
             for rp, adv in zip(survivors, res.advantages):
@@ -256,4 +281,4 @@ class Planner:
         return plan
 
 
-__all__ = ["CallExclusion", "Exclusion", "ExportConfig", "GroupPlan", "Planner", "RolloutPlan", "Tally"]
+__all__ = ["PURPOSES", "CallExclusion", "Exclusion", "ExportConfig", "GroupPlan", "Planner", "RolloutPlan", "Tally", "rollout_purpose"]

@@ -11,8 +11,9 @@ Grammar (keywords case-insensitive)::
     LITERAL := 'single-quoted string' ('' escapes a quote) | number | true | false
 
 FIELD is a rollout column (``id, group_id, run_id, task_id, harness_id, policy_version_id, backend, image_ref,
-image_digest, pod_name, node_name, attempt, retry_of, outcome, outcome_detail, started_at, ended_at``) or
-``reward`` (the terminal reward the export would use). As in SQL, a comparison with a missing value is false;
+image_digest, pod_name, node_name, attempt, retry_of, outcome, outcome_detail, started_at, ended_at``),
+``reward`` (the terminal reward the export would use) or ``purpose`` (the run's purpose: ``train``, ``eval`` or
+``teacher``; ``train`` for rollouts recorded before runs had one). As in SQL, a comparison with a missing value is false;
 ``like`` takes ``%`` and ``_`` wildcards; timestamps compare with ISO-8601 strings
 (``started_at >= '2026-01-01T00:00:00+00:00'``). Example: ``outcome in ('success','failure') and attempt = 1``.
 """
@@ -26,7 +27,7 @@ from datetime import datetime, timezone
 
 FIELDS = ("id", "group_id", "run_id", "task_id", "harness_id", "policy_version_id", "backend", "image_ref",
           "image_digest", "pod_name", "node_name", "attempt", "retry_of", "outcome", "outcome_detail", "started_at",
-          "ended_at", "reward")
+          "ended_at", "reward", "purpose")
 _TIME_FIELDS = ("started_at", "ended_at")
 _OPS = {"=": operator.eq, "!=": operator.ne, "<>": operator.ne, "<": operator.lt, "<=": operator.le,
         ">": operator.gt, ">=": operator.ge}

@@ -203,7 +203,7 @@ def test_exports_are_byte_identical_and_pinned(store, tmp_path):
     assert m1["exclusions"] == {"filtered": 1, "incomplete_group": 3, "infra_error": 1, "no_reward": 1}
     assert verify(tmp_path / "verl1" / "manifest.json", store)["ok"]
     sft = duckdb.sql(f"select * from '{tmp_path}/sft1/conversations-*.parquet'").df()
-    assert len(sft) == 8 and sft["messages"][0].startswith("[") and sft["token_exact"].all()
+    assert len(sft) == 8 and sft["messages"][0][0]["role"] == "system" and sft["token_exact"].all()
 
 
 def test_verify_catches_changed_file_and_changed_store_row(store, tmp_path):
