@@ -64,6 +64,7 @@ class PolicyIn(BaseModel):
     engine: str | None = None
     engine_version: str | None = None
     sampling_defaults: dict | None = None
+    metadata: dict | None = None  # lineage: parent, algorithm, shard (a learner's), teacher (a scripted engine's)
     activate: bool = True
 
 
@@ -232,39 +233,44 @@ def _policy_routes(router: APIRouter, service: ProxyService, admin) -> None:
     """Policy versions (record, activate) and the pause that fences a weight update."""
     store, rollouts = service.store, service.rollouts
 
-    async def activate_version(version: str) -> None:
+    async def activate_version(version: str) -> str | None:
+        """Calls admitted from now on are recorded under ``version`` (those in flight keep the one they entered
+        with: ``RolloutRegistry.enter``). Returns the version it replaces."""
         previous, rollouts.policy_version = rollouts.policy_version, version
         await _to_thread(store.add_event, "policy_version.activated", source="proxy",
                          detail={"policy_version": version, "previous": previous})
+        return previous
 
     @router.post("/admin/policy_versions")
     async def policy_version(request: Request, body: PolicyIn):
         admin(request)
         fields = body.model_dump(exclude={"id", "activate"})
         await _to_thread(store.register_policy_version, body.id, **fields)
-        if body.activate:
-            await activate_version(body.id)
-        return {"policy_version": body.id, "current": rollouts.policy_version}
+        previous = await activate_version(body.id) if body.activate else rollouts.policy_version
+        return {"policy_version": body.id, "current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/policy_versions/{version}/activate")
     async def activate(version: str, request: Request):
         admin(request)
-        await activate_version(version)
-        return {"current": rollouts.policy_version}
+        previous = await activate_version(version)
+        return {"current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/pause")
     async def pause(request: Request, body: PauseIn | None = None):
         admin(request)
         body = body or PauseIn()
+        was_paused = rollouts.paused  # read and set in one loop step: of two pausers, one sees the other's pause
         rollouts.pause()
         drained = await rollouts.drain(body.timeout_s) if body.drain else None
-        return {"paused": True, "drained": drained, "in_flight": rollouts.in_flight}
+        return {"paused": True, "was_paused": was_paused, "drained": drained, "in_flight": rollouts.in_flight,
+                "policy_version": rollouts.policy_version}
 
     @router.post("/admin/resume")
     async def resume(request: Request):
         admin(request)
+        was_paused = rollouts.paused
         rollouts.resume()
-        return {"paused": False}
+        return {"paused": False, "was_paused": was_paused, "policy_version": rollouts.policy_version}
 
 
 async def _to_thread(fn, *args, **kwargs):

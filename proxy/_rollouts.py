@@ -114,16 +114,25 @@ class RolloutRegistry:
         except asyncio.TimeoutError:
             return False
 
-    async def enter(self) -> None:
-        """Admit one call: wait while paused (weights are changing), then count it in flight."""
-        if not self._running.is_set():
+    async def enter(self) -> str | None:
+        """Admit one call: wait while paused (weights are changing), then count it in flight. Returns the policy
+        version current at admission, the one the call is recorded under: a switch drains every admitted call
+        before the engine loads, so that version is the one that answers it.
+
+        The wait loops: a call woken by a resume that a new pause followed before it ran (resume and pause in one
+        loop step) waits again, instead of slipping past the pause after the drain saw no call in flight."""
+        deadline = None
+        while not self._running.is_set():
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + self.pause_max_s
             try:
-                await asyncio.wait_for(self._running.wait(), self.pause_max_s)
+                await asyncio.wait_for(self._running.wait(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
                 raise ProxyError(503, f"the proxy has been paused for over {self.pause_max_s:.0f}s (a weight update?); "
                                       "retry later", type="server_error", code="paused") from None
         self.in_flight += 1
         self._idle.clear()
+        return self.policy_version
 
     def leave(self) -> None:
         self.in_flight -= 1

@@ -91,7 +91,7 @@ class ProxyService:
         if prompt.holds_images:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
             await asyncio.to_thread(self._prepare, prompt)
-        await self.rollouts.enter()
+        version = await self.rollouts.enter()
         relay_owns_exit = False
         try:
             try:
@@ -102,7 +102,7 @@ class ProxyService:
             except UpstreamFailure as exc:
                 pending, failure = None, exc
             try:
-                rec, part = self._record_for(headers, protocol, binding, body, tr, prompt, seq, started)
+                rec, part = self._record_for(headers, protocol, binding, body, tr, prompt, seq, started, version)
             except BaseException:
                 if pending is not None:
                     pending.cancel()
@@ -120,8 +120,10 @@ class ProxyService:
                 self.rollouts.leave()
 
     def _record_for(self, headers: CallHeaders, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation,
-                    prompt: PendingPrompt, seq: int, started: datetime) -> tuple[CallRecord, PromptPart]:
-        """The call's record, request side, and its prompt encoded (the new bodies journaled; the request hash)."""
+                    prompt: PendingPrompt, seq: int, started: datetime,
+                    version: str | None) -> tuple[CallRecord, PromptPart]:
+        """The call's record, request side, and its prompt encoded (the new bodies journaled; the request hash).
+        ``version``: the policy version current when the call was admitted (``RolloutRegistry.enter``)."""
         self._prepare(prompt)
         hits: set[str] = set()
         params = self.redactor.apply(tr.params, hits)  # now, while the upstream works; the answer's parts in _redact
@@ -131,7 +133,7 @@ class ProxyService:
         rec = CallRecord(
             id=_call_ids.next(), rollout_id=binding.rollout_id, seq=seq, api_surface=protocol.SURFACE,
             messages=prompt.messages, tools=tr.tools, params=params, streamed=tr.stream, model=body.get("model"),
-            started_at=started, policy_version_id=self.rollouts.policy_version,
+            started_at=started, policy_version_id=version,
             image_hashes=prompt.image_hashes or None, metadata=metadata,
         )
         try:

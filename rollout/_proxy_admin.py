@@ -26,16 +26,22 @@ class AdminClient:
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {admin_token}"})
 
-    def _req(self, method: str, path: str, **kw) -> dict:
+    def _req(self, method: str, path: str, *, retry: bool = True, **kw) -> dict:
+        """One admin request, retried on transport errors and 5xx answers. ``retry=False``, for a request that must
+        not run twice (a pause: its first try may have taken the pause already), retries only a failed connect."""
         for attempt in range(4):
             try:
                 r = self._http.request(method, path, **kw)
             except httpx.TransportError as exc:
                 err = f"{type(exc).__name__}: {exc}"
+                if not retry and not isinstance(exc, httpx.ConnectError):
+                    break
                 time.sleep(0.25 * 2 ** attempt)
                 continue
             if r.status_code >= 500:
                 err = f"HTTP {r.status_code}: {r.text[:300]}"
+                if not retry:
+                    break
                 time.sleep(0.25 * 2 ** attempt)
                 continue
             if r.status_code >= 400:
@@ -60,6 +66,23 @@ class AdminClient:
 
     def activate_policy_version(self, id: str) -> dict:
         return self._req("POST", f"/admin/policy_versions/{id}/activate")
+
+    def pause(self, *, drain: bool = True, timeout_s: float = 300.0) -> dict:
+        """Hold new calls (they wait at the proxy) and, with ``drain``, wait up to ``timeout_s`` for the calls in
+        flight to finish. The answer: ``paused``, ``was_paused`` (someone else holds the pause too), ``drained``
+        (False: calls were still in flight at the timeout; None without drain), ``in_flight`` and the
+        ``policy_version`` in force. A weight switch goes pause -> load -> activate -> resume
+        (``openforge.policy_switch``)."""
+        if timeout_s <= 0:
+            raise ValueError(f"pause(timeout_s={timeout_s!r}): the drain needs a positive time limit in seconds, "
+                             "e.g. timeout_s=300")
+        # the HTTP wait outlasts the drain's own limit, so a slow drain answers "drained: false", not a client timeout
+        return self._req("POST", "/admin/pause", json={"drain": drain, "timeout_s": timeout_s},
+                         timeout=timeout_s + 30, retry=False)
+
+    def resume(self) -> dict:
+        """Let held and new calls through again (``was_paused``: whether the proxy was paused)."""
+        return self._req("POST", "/admin/resume")
 
     def close(self) -> None:
         self._http.close()
