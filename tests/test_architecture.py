@@ -24,9 +24,9 @@ LONG_MODULES: dict[str, str] = {}
 PUBLIC = {
     "proxy": ["HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "MODEL_NAME", "VllmServer", "default_cache_dir", "ensure_env", "ensure_model"],
-    "proxy.testing": ["ChatTokenizer", "Delay", "HTTPError", "RecordedRequest", "Script", "ScriptedUpstream", "Step",
-                      "Text", "ToolCall", "ToolCalls", "UpstreamServer", "load_script", "load_smollm2_tokenizer",
-                      "load_tokenizer_from_gguf", "run_upstream"],
+    "proxy.testing": ["ChatTokenizer", "Conversations", "Delay", "HTTPError", "RecordedRequest", "Script",
+                      "ScriptedUpstream", "Step", "Text", "ToolCall", "ToolCalls", "UpstreamServer", "load_script",
+                      "load_smollm2_tokenizer", "load_tokenizer_from_gguf", "run_upstream", "steps_from_actions"],
     "rollout": ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
                 "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
                 "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "backend_names",

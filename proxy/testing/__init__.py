@@ -1,7 +1,9 @@
 """Test doubles that ship with OpenForge, for our tests and for users' own.
 
 `ScriptedUpstream` stands in for a vLLM / SGLang OpenAI server (which needs a GPU): it speaks vLLM's
-token-id protocol, tokenizes with SmolLM2's real tokenizer and answers from a script.
+token-id protocol, tokenizes with SmolLM2's real tokenizer and answers from a script, or, turn by turn,
+from a script per conversation (`Conversations`: a scripted teacher playing each task's reference
+solution, `steps_from_actions`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .conversations import Conversations, steps_from_actions
 from .script import Delay, HTTPError, Script, Step, Text, ToolCall, ToolCalls, load_script
 from .server import UpstreamServer
 from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, load_tokenizer_from_gguf
@@ -18,6 +21,7 @@ _LAZY = {"RecordedRequest": "upstream", "ScriptedUpstream": "upstream", "run_ups
 
 __all__ = [
     "ChatTokenizer",
+    "Conversations",
     "Delay",
     "HTTPError",
     "RecordedRequest",
@@ -32,6 +36,7 @@ __all__ = [
     "load_smollm2_tokenizer",
     "load_tokenizer_from_gguf",
     "run_upstream",
+    "steps_from_actions",
 ]
 
 

@@ -25,7 +25,8 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -35,6 +36,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from . import _answers as A
+from ._admin import add_admin_routes
+from .conversations import Conversations, conversations_from_json
 from .script import Delay, HTTPError, Script, Step, Text, load_script
 from .tokenizer import ChatTokenizer, load_smollm2_tokenizer, message_text
 
@@ -93,8 +96,11 @@ class ScriptedUpstream:
         chunk_tokens: int = 1,
         record_limit: int | None = 10_000,
         strict_model: bool = False,
+        conversations: Conversations | Mapping[str, Iterable[Mapping[str, Any] | Step]] | None = None,
     ) -> None:
         self.script = script if isinstance(script, Script) else Script(script)
+        # Chat requests the flat script has no step for: the next step of their conversation (`Conversations`).
+        self.conversations = conversations if isinstance(conversations, Conversations) else Conversations(conversations)
         self.tokenizer = tokenizer or load_smollm2_tokenizer()
         self.model = model
         self.max_model_len = max_model_len or self.tokenizer.model_max_length
@@ -117,9 +123,10 @@ class ScriptedUpstream:
         self.down = status
 
     def reset(self) -> None:
-        """Forget recorded requests and script, and be fast and up again."""
+        """Forget recorded requests, script and conversations, and be fast and up again."""
         self._records.clear()
         self.script.replace([])
+        self.conversations.clear()
         self.slow, self.down = 0.0, None
 
     # -- the app ---------------------------------------------------------------------------------
@@ -144,10 +151,7 @@ class ScriptedUpstream:
         }
         for (method, path), handler in api.items():
             app.add_api_route(path, self._gated(handler), methods=[method])
-        app.add_api_route("/_scripted/requests", self._admin_requests, methods=["GET"])
-        app.add_api_route("/_scripted/script", self._admin_script, methods=["POST"])
-        app.add_api_route("/_scripted/state", self._admin_state, methods=["POST"])
-        app.add_api_route("/_scripted/reset", self._admin_reset, methods=["POST"])
+        add_admin_routes(app, self)
         return app
 
     def _gated(self, handler):
@@ -219,6 +223,8 @@ class ScriptedUpstream:
         delay = chunk_delay = 0.0
         if isinstance(step, Delay):
             delay, chunk_delay, step = step.seconds, step.chunk_delay, step.then
+        if step is None and as_chat and len(self.conversations):
+            step = self.conversations.step_for(body["messages"])
         if step is None:
             step = Text(request_text)  # default: echo, cut to max_tokens
         stream = bool(body.get("stream"))
@@ -338,34 +344,13 @@ class ScriptedUpstream:
     async def _health(self, body: Any) -> Response:
         return Response(status_code=200)
 
-    # -- admin (not recorded, never slow or down) ------------------------------------------------
-    async def _admin_requests(self) -> Response:
-        return _ok([asdict(r) for r in self._records])
-
-    async def _admin_script(self, request: Request) -> Response:
-        body = await request.json()
-        steps = body.get("steps", []) if isinstance(body, dict) else body
-        (self.script.replace if isinstance(body, dict) and body.get("replace") else self.script.extend)(steps)
-        return _ok({"remaining": len(self.script.remaining())})
-
-    async def _admin_state(self, request: Request) -> Response:
-        body = await request.json()
-        if "slow" in body:
-            self.set_slow(body["slow"] or 0.0)
-        if "down" in body:
-            self.set_down(body["down"])
-        return _ok({"slow": self.slow, "down": self.down})
-
-    async def _admin_reset(self) -> Response:
-        self.reset()
-        return _ok({})
-
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m proxy.testing.upstream", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--script", help="JSON (or YAML) file with the steps to answer")
+    parser.add_argument("--conversations", help="JSON file {first user message: steps or actions.json list}")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per stream chunk")
@@ -377,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
         model=args.model,
         max_model_len=args.max_model_len,
         chunk_tokens=args.chunk_tokens,
+        conversations=conversations_from_json(json.loads(Path(args.conversations).read_text(encoding="utf-8")))
+        if args.conversations else None,
     )
     # A real engine's latency has no Python collector in it: keep the double's startup objects (the tokenizer above
     # all) out of full collections, which otherwise stalled every in-flight answer ~70 ms at a time under load.
