@@ -7,6 +7,7 @@ Rubrics that need whole trajectories (recovery, self-verification, format, effic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import pandas as pd
@@ -32,6 +33,70 @@ def overview(store: Store, window: Window) -> dict[str, pd.DataFrame]:
             "outcomes": pd.DataFrame(stats.outcomes(window), columns=["policy_version_id", "outcome", "rollouts"]),
             "latency": pd.DataFrame(stats.latency(window), columns=["policy_version_id", "rollouts", "p50_s", "p95_s"]),
             "exclusions": pd.DataFrame(stats.exclusions(window), columns=["reason", "rollouts"])}
+
+
+PURPOSES = {"eval": "evaluation", "train": "training", "teacher": "teacher"}  # rollout purpose -> the chart's line
+CHAIN_COLUMNS = ["position", "policy_version_id", "parent", "purpose", "rollouts", "graded", "successes",
+                 "success_rate", "ci_low", "ci_high"]
+
+
+def chain_order(versions: list[dict]) -> list[dict]:
+    """Policy versions (``Store.lineage("policy_versions")`` rows, in creation order) along their lineage chain:
+    every version after its parent (``metadata["parent"]``, as the learner records it), depth first; versions
+    without a known parent, and the children of one version, by global step, then in creation order."""
+    created = {v["id"]: i for i, v in enumerate(versions)}
+
+    def key(v: dict) -> tuple:
+        return v.get("global_step") is None, v.get("global_step") or 0, created[v["id"]]
+
+    children: dict[str, list[dict]] = {}
+    roots = []
+    for v in versions:
+        parent = (v.get("metadata") or {}).get("parent")
+        if parent in created and parent != v["id"]:
+            children.setdefault(parent, []).append(v)
+        else:
+            roots.append(v)
+    out: list[dict] = []
+    seen: set[str] = set()
+    stack = sorted(roots, key=key, reverse=True)
+    while stack:
+        v = stack.pop()
+        if v["id"] not in seen:
+            seen.add(v["id"])
+            out.append(v)
+            stack.extend(sorted(children.get(v["id"], []), key=key, reverse=True))
+    return out + sorted((v for v in versions if v["id"] not in seen), key=key)  # a parent loop: by step, creation
+
+
+def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float | None, float | None]:
+    """Wilson's 95% score interval for ``successes / n`` (None, None without a graded rollout)."""
+    if not n:
+        return None, None
+    p, denom = successes / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def success_along_chain(store: Store, window: Window) -> pd.DataFrame:
+    """Success rate (successes over graded rollouts, with its Wilson 95% interval) per policy version and purpose,
+    the versions in chain order (``position``); versions the store has no row for come last."""
+    order = chain_order(store.lineage("policy_versions"))
+    position = {v["id"]: i for i, v in enumerate(order)}
+    parent = {v["id"]: (v.get("metadata") or {}).get("parent") for v in order}
+    rows = [{**r, "policy_version_id": r["policy_version_id"] or "(none)"}
+            for r in store.stats.success_by_version(window)]
+    unknown = sorted({r["policy_version_id"] for r in rows} - set(position))
+    position.update({v: len(order) + i for i, v in enumerate(unknown)})
+    out = []
+    for r in rows:
+        version = r["policy_version_id"]
+        lo, hi = wilson(r["successes"], r["graded"])
+        out.append({**r, "policy_version_id": version, "position": position[version], "parent": parent.get(version),
+                    "purpose": PURPOSES.get(r["purpose"], r["purpose"]),
+                    "success_rate": r["successes"] / r["graded"] if r["graded"] else None, "ci_low": lo, "ci_high": hi})
+    df = pd.DataFrame(out, columns=CHAIN_COLUMNS)
+    return df.sort_values(["position", "purpose"], ignore_index=True)
 
 
 # ---- trajectory browser --------------------------------------------------------------------------------------

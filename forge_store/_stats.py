@@ -97,6 +97,19 @@ class Stats:
             .where(R.c.status == "finished").group_by(R.c.policy_version_id, day).order_by(day), window))
         return [{**r, "day": str(r["day"])} for r in rows]
 
+    def success_by_version(self, window: Window) -> list[dict]:
+        """Finished rollouts per policy version and purpose (the rollout metadata's ``purpose``: ``train``, ``eval``
+        or ``teacher``; ``train`` where none is recorded, as the learner reads it), with ``graded`` (an outcome that is
+        not ``infra_error``: an infrastructure failure is no failure of the policy) and ``successes``."""
+        purpose = sa.func.coalesce(R.c.metadata["purpose"].as_string(), "train")
+        graded = sa.func.sum(sa.case((R.c.outcome.is_not(None) & (R.c.outcome != "infra_error"), 1), else_=0))
+        success = sa.func.sum(sa.case((R.c.outcome == "success", 1), else_=0))
+        rows = self._rows(_within(
+            sa.select(R.c.policy_version_id, purpose.label("purpose"), sa.func.count().label("rollouts"),
+                      graded.label("graded"), success.label("successes"))
+            .where(R.c.status == "finished").group_by(R.c.policy_version_id, purpose), window))
+        return [{**r, "graded": int(r["graded"] or 0), "successes": int(r["successes"] or 0)} for r in rows]
+
     def outcomes(self, window: Window) -> list[dict]:
         """Finished rollouts per policy version and outcome."""
         return self._rows(_within(

@@ -1,12 +1,14 @@
-"""Overview: success rate by policy version over time, rollout latency, error and exclusion rates with reasons."""
+"""Overview: success rate along the policy chain (evaluation and training rollouts apart) and by day, rollout latency,
+error and exclusion rates with reasons."""
 
 from __future__ import annotations
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from .._context import Context
-from .._queries import overview
+from .._queries import overview, success_along_chain
 
 
 def render(ctx: Context) -> None:
@@ -24,7 +26,9 @@ def render(ctx: Context) -> None:
     cols[2].metric("Timeout rate", f"{counts.get('policy_timeout', 0) / total:.1%}")
     cols[3].metric("Infra-error rate", f"{counts.get('infra_error', 0) / total:.1%}")
 
-    st.subheader("Success rate by policy version")
+    chain_chart(success_along_chain(ctx.store, ctx.window))
+
+    st.subheader("Success rate by policy version and day")
     wide = by_day.pivot_table(index="day", columns="policy_version_id", values="success_rate")
     st.line_chart(wide)
 
@@ -45,3 +49,29 @@ def render(ctx: Context) -> None:
             excl = excl.assign(rate=excl["rollouts"] / total)
             st.bar_chart(excl.set_index("reason")["rollouts"])
             st.dataframe(pd.DataFrame(excl), hide_index=True, width="stretch")
+
+
+def chain_chart(chain: pd.DataFrame) -> None:
+    """Success rate per policy version along the lineage chain (base -> SFT -> GRPO rounds), one line per purpose:
+    evaluation rollouts and training rollouts apart (and a teacher's demonstrations), with 95% intervals."""
+    st.subheader("Success rate along the policy chain")
+    graded = chain[chain["graded"] > 0]
+    if graded.empty:
+        st.caption("No graded rollout in this window (infrastructure errors are not counted as failures).")
+        return
+    order = list(dict.fromkeys(chain["policy_version_id"]))
+    x = alt.X("policy_version_id:N", sort=order, title="policy version (parent before child)")
+    color = alt.Color("purpose:N", title="rollouts")
+    base = alt.Chart(graded).encode(x=x, color=color)
+    tooltip = ["policy_version_id", "parent", "purpose", "successes", "graded",
+               alt.Tooltip("success_rate:Q", format=".1%"), alt.Tooltip("ci_low:Q", format=".1%"),
+               alt.Tooltip("ci_high:Q", format=".1%")]
+    line = base.mark_line(point=True).encode(y=alt.Y("success_rate:Q", title="success rate",
+                                                     scale=alt.Scale(domain=[0, 1])), tooltip=tooltip)
+    band = base.mark_rule(opacity=0.4).encode(y="ci_low:Q", y2="ci_high:Q")
+    st.altair_chart(line + band, width="stretch")
+    st.caption("Success: rollouts whose outcome is success, over graded ones (infrastructure errors left out); bars "
+               "are 95% (Wilson) intervals. Evaluation rollouts are never trained on.")
+    st.dataframe(chain.drop(columns="position"), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="percent")
+                                for c in ("success_rate", "ci_low", "ci_high")})
