@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import openai
@@ -15,6 +19,7 @@ from learner import reconstruct
 from proxy.testing import Conversations, HTTPError, ScriptedUpstream, Text, ToolCalls, run_upstream, steps_from_actions
 from tests.proxy_fixtures import Up, running_proxy
 
+REACT = Path(__file__).resolve().parents[1] / "rollout" / "_harnesses" / "react_agent.py"
 SYSTEM = {"role": "system", "content": "You are an agent in a Linux shell."}
 BASH = {"type": "function", "function": {"name": "bash", "description": "Run a bash command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
@@ -145,6 +150,38 @@ def test_an_instruction_wrapped_in_the_harness_words_finds_its_script_and_the_lo
 
         assert ask("Task:\nRename a.txt to b.txt.\nWork in /workspace.") == "long"
         assert ask("  Rename a.txt  ") == "short"  # exact (stripped) first
+
+
+def test_a_harness_that_sends_its_own_context_first_gets_the_script_of_the_message_with_the_task(tokenizer):
+    """Codex sends its environment context as a user message before the task: the message that names a script wins."""
+    with run_upstream(ScriptedUpstream(tokenizer=tokenizer, conversations=teacher())) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
+        messages = [SYSTEM, {"role": "user", "content": "<environment_context>cwd: /workspace</environment_context>"},
+                    {"role": "user", "content": [{"type": "text", "text": "Count the lines of data.csv into n.txt."}]}]
+        call = client.chat.completions.create(model="m", messages=messages, tools=[BASH]).choices[0].message
+        assert json.loads(call.tool_calls[0].function.arguments) == {"command": "wc -l < data.csv > n.txt"}
+
+
+def test_the_react_harness_solves_a_task_with_the_teacher_through_the_proxy(tokenizer, tmp_path):
+    """The project's own harness, run for real (its tools run in a folder), driven by the teacher through the proxy."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("hello\n")
+    instruction = tmp_path / "instruction.md"
+    instruction.write_text("Rename a.txt to b.txt.\n")
+    up = ScriptedUpstream(tokenizer=tokenizer, conversations=teacher())
+    with run_upstream(up) as url, running_proxy(Up(up, url, None), tmp_path / "proxy") as px:
+        token = px.register("r1")
+        env = {**os.environ, "OPENAI_API_KEY": token, "OPENAI_BASE_URL": px.url + "/v1"}
+        proc = subprocess.run([sys.executable, str(REACT), "--model", "teacher", "--instruction-file",
+                               str(instruction)], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout.splitlines()[-1]) == {"finished": True, "turns": 2, "answer": "Done."}
+        assert (work / "b.txt").read_text() == "hello\n" and not (work / "a.txt").exists()
+        calls = px.calls("r1")
+    assert len(calls) == 2 and all(c.token_exact for c in calls)
+    assert "exit code: 0" in json.dumps(calls[1].messages[-1])  # the harness's own tool result, in the next prompt
+    assert len(reconstruct(calls)) == 1
 
 
 def test_the_flat_script_is_asked_first_so_faults_can_be_injected_into_a_teacher(tokenizer):

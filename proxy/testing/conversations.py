@@ -2,8 +2,8 @@
 
 A `Script` answers requests in the order they come. An agent harness runs many conversations at once, each a loop of
 requests that grow turn by turn, so a teacher needs the next step *of that conversation*: `Conversations` picks the
-script by the conversation's first user message (the task instruction, as a harness sends it) and the step by the
-number of assistant turns already in the prompt. So every turn of every rollout gets its own step, in any
+script by the conversation's first user message that names one (the task instruction, as a harness sends it) and the
+step by the number of assistant turns already in the prompt. So every turn of every rollout gets its own step, in any
 interleaving, and a retried request gets the same answer again.
 
     teacher = Conversations({task.instruction: steps_from_actions(task.solution_actions) for task in tasks})
@@ -87,10 +87,11 @@ def conversations_from_json(data: Any) -> dict[str, list[Step]]:
 
 
 class Conversations:
-    """Per-conversation scripts, keyed by the conversation's first user message text.
+    """Per-conversation scripts, keyed by the conversation's instruction (its first user message, as a rule).
 
-    A request's conversation is the script whose key equals its first user message (stripped), or else the longest
-    key that occurs in it (a harness may wrap the instruction in its own words). Its step is the one at the number
+    A request's conversation is the script whose key equals one of its user messages (stripped), or else the longest
+    key that occurs in it (a harness may wrap the instruction in its own words); the first user message that names a
+    script decides. Its step is the one at the number
     of assistant messages already in the prompt. Steps are `Text` or `ToolCalls` (or dicts of `step_from_dict`'s
     form); `match` and `times` do not apply here."""
 
@@ -133,13 +134,24 @@ class Conversations:
         key = max(hits, key=len)
         return key, self._scripts[key]
 
+    def find(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[Step]] | None:
+        """The (key, steps) of the conversation ``messages`` belong to: the first user message that names a script.
+        Usually the first user message; a harness that sends its own context first (Codex's environment context)
+        gets its task's script from the message that holds the instruction."""
+        for m in messages:
+            if m.get("role") == "user":
+                found = self.script_for(message_text(m.get("content")).strip())
+                if found is not None:
+                    return found
+        return None
+
     def step_for(self, messages: Sequence[Mapping[str, Any]]) -> Step:
         """The next step of the conversation ``messages`` belong to, or a 404 `HTTPError` saying why there is none."""
-        text = first_user_text(messages)
-        found = self.script_for(text) if text else None
+        found = self.find(messages)
         if found is None:
+            text = first_user_text(messages) or ""
             return HTTPError(404, f"the scripted engine has no script for this conversation (first user message: "
-                                  f"{(text or '')[:_PREVIEW]!r}); it knows {len(self)} conversation(s). Add one with "
+                                  f"{text[:_PREVIEW]!r}); it knows {len(self)} conversation(s). Add one with "
                                   "Conversations.add(instruction, steps).", type="NotFoundError")
         key, steps = found
         turn = sum(1 for m in messages if m.get("role") == "assistant")
