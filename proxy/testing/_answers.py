@@ -49,10 +49,13 @@ def as_text(step: Text | ToolCalls) -> Text:
 def plan_answer(tok: ChatTokenizer, step: Text | ToolCalls, max_tokens: int) -> Answer:
     """Token ids are encode(text) + eos; past `max_tokens` they are cut and finish_reason is "length".
 
-    Tool calls are tokenized as `render_tool_calls` text: a real vLLM would have sampled whatever
-    the served model's chat template writes for a tool call, and parsed it back.
+    Tool calls are tokenized as the text the chat template writes for them (`ChatTokenizer.assistant_text`):
+    what a model trained on that template samples, and vLLM's tool parser reads back.
     """
-    full = as_text(step).text
+    if isinstance(step, Text):
+        full = step.text
+    else:
+        full = tok.assistant_text(step.content, [{"name": c.name, "arguments": c.arguments} for c in step.calls])
     content_len = len(step.text) if isinstance(step, Text) else len(step.content or "")
     ids = tok.encode(full) + [tok.eos_token_id]
     truncated = len(ids) > max_tokens

