@@ -7,6 +7,8 @@
         workspace/         # copied into the rollout's private workspace (/workspace)
       tests/test.sh        # the verifier: writes /logs/verifier/reward.txt (a number) or reward.json
       solution/solve.sh    # optional reference solution (the `oracle` harness runs it)
+      solution/actions.json  # optional: the same solution as the react harness's tool calls, then the final
+                             # answer: [{"tool": "bash", "arguments": {"command": "..."}}, ..., {"answer": "Done."}]
 
 ``[task]`` is OpenForge's: ``id`` (default: the folder name), ``domain`` (default: ``metadata.category``),
 ``required_tools`` and ``reference_steps`` (behaviour rubrics), ``pass_threshold`` (a reward at or above it is a
@@ -16,6 +18,7 @@ Unknown keys are errors (a typo must not silently change a timeout); ``[metadata
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ TASK_FILE = "task.toml"
 INSTRUCTION_FILE = "instruction.md"
 VERIFIER_ENTRY = ("tests", "test.sh")
 SOLUTION_ENTRY = ("solution", "solve.sh")
+ACTIONS_ENTRY = ("solution", "actions.json")
+_ACTIONS_EXAMPLE = '[{"tool": "bash", "arguments": {"command": "mv a.txt b.txt"}}, {"answer": "Done."}]'
 
 
 class TaskError(ValueError):
@@ -121,6 +126,9 @@ class Task:
     domain: str
     instruction: str
     config: TaskToml
+    solution_actions: tuple[dict, ...] | None = None
+    """The reference solution as tool calls (``{"tool", "arguments"}``) ending with ``{"answer": ...}``, from
+    ``solution/actions.json`` (a scripted teacher replays it); None when the task has none."""
 
     @property
     def agent_timeout_s(self) -> float:
@@ -221,7 +229,46 @@ def load_task(path: str | Path) -> Task:
         raise TaskError(f"{toml_path}: task id {task_id!r} (the folder name) is not a valid id ({_ID.pattern}); "
                         f"set [task] id or rename the folder")
     domain = config.task.domain or str(config.metadata.get("category") or "default")
-    return Task(id=task_id, path=root.resolve(), domain=domain, instruction=instruction, config=config)
+    return Task(id=task_id, path=root.resolve(), domain=domain, instruction=instruction, config=config,
+                solution_actions=_load_actions(root.joinpath(*ACTIONS_ENTRY)))
+
+
+def _load_actions(path: Path) -> tuple[dict, ...] | None:
+    """``solution/actions.json`` checked: a JSON list of tool calls, then exactly one final answer, last."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TaskError(f"{path}: not valid UTF-8 JSON ({exc}); write a list like {_ACTIONS_EXAMPLE}") from None
+    if not isinstance(doc, list) or not doc:
+        raise TaskError(f"{path}: must be a non-empty JSON list of tool calls ending with the final answer, "
+                        f"like {_ACTIONS_EXAMPLE}; found {type(doc).__name__} {str(doc)[:80]}")
+    for i, item in enumerate(doc):
+        last = i == len(doc) - 1
+        problem = _action_problem(item, last)
+        if problem:
+            raise TaskError(f"{path}: item {i} ({json.dumps(item)[:120]}) {problem}; the list is tool calls then "
+                            f"one answer, like {_ACTIONS_EXAMPLE}")
+    return tuple(doc)
+
+
+def _action_problem(item: Any, last: bool) -> str | None:
+    if not isinstance(item, dict):
+        return "is not an object"
+    if last:
+        if set(item) != {"answer"} or not isinstance(item["answer"], str):
+            return "must be the final answer, {\"answer\": \"<text>\"}, and nothing else"
+        return None
+    if "answer" in item:
+        return "is an answer before the end: the final answer comes last, once"
+    if set(item) != {"tool", "arguments"}:
+        return f"must have exactly the keys tool and arguments (has {', '.join(sorted(item)) or 'none'})"
+    if not isinstance(item["tool"], str) or not item["tool"]:
+        return "has a tool that is not a non-empty name"
+    if not isinstance(item["arguments"], dict):
+        return "has arguments that are not a JSON object"
+    return None
 
 
 def _describe(path: Path, exc: ValidationError) -> str:

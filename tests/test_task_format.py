@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rollout._task import TaskError, load_task, load_tasks
@@ -119,3 +121,34 @@ def test_a_task_folder_without_task_toml_is_not_skipped_silently(tmp_path):
     (typo / "task.toml").rename(typo / "task.tml")
     with pytest.raises(TaskError, match="looks like a task .* has no task.toml"):
         load_tasks(tmp_path)
+
+
+def test_solution_actions_load_in_order(tmp_path):
+    d = _task(tmp_path)
+    assert load_task(d).solution_actions is None
+    (d / "solution").mkdir()
+    actions = [{"tool": "bash", "arguments": {"command": "mv a.txt b.txt"}},
+               {"tool": "write_file", "arguments": {"path": "c.txt", "content": "x\n"}}, {"answer": "Done."}]
+    (d / "solution" / "actions.json").write_text(json.dumps(actions))
+    assert list(load_task(d).solution_actions) == actions
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[{\"tool\": \"bash\"", "not valid UTF-8 JSON"),
+    ("{\"tool\": \"bash\", \"arguments\": {}}", "must be a non-empty JSON list"),
+    ("[]", "must be a non-empty JSON list"),
+    ("[{\"tool\": \"bash\", \"arguments\": {\"command\": \"ls\"}}]", "item 0 .* must be the final answer"),
+    ("[{\"answer\": \"a\"}, {\"answer\": \"b\"}]", "item 0 .* is an answer before the end"),
+    ("[{\"tool\": \"bash\", \"args\": {}}, {\"answer\": \"ok\"}]", "item 0 .* exactly the keys tool and arguments"),
+    ("[{\"tool\": \"\", \"arguments\": {}}, {\"answer\": \"ok\"}]", "item 0 .* not a non-empty name"),
+    ("[{\"tool\": \"bash\", \"arguments\": \"ls\"}, {\"answer\": \"ok\"}]", "item 0 .* not a JSON object"),
+    ("[\"ls\", {\"answer\": \"ok\"}]", "item 0 .* is not an object"),
+    ("[{\"answer\": 3}]", "item 0 .* must be the final answer"),
+])
+def test_a_malformed_actions_file_names_the_file_and_the_problem(tmp_path, text, problem):
+    d = _task(tmp_path)
+    (d / "solution").mkdir()
+    (d / "solution" / "actions.json").write_text(text)
+    with pytest.raises(TaskError, match=problem) as e:
+        load_task(d)
+    assert str(d / "solution" / "actions.json") in str(e.value)
