@@ -1,4 +1,5 @@
-"""The rollout orchestrator: task folders, harness adapters, sandbox backends, verifiers, GRPO groups.
+"""The rollout orchestrator: task folders (and generators of them), harness adapters, sandbox backends, verifiers,
+GRPO groups.
 
 Everything another part (or the ``openforge`` roof) may use is here; the modules behind it are private.
 """
@@ -20,8 +21,10 @@ from ._harnesses import HarnessAdapter, HarnessNotInstalled, get_harness, harnes
 from ._orchestrator import Orchestrator, RunConfig, RunSummary
 from ._proxy_admin import AdminClient, ProxyUnavailable, SocketRelay, served_models
 from ._task import Task, TaskError, load_task, load_tasks
+from ._taskgen import TaskGenError, generate_tasks, task_families
 
 __all__ = ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
            "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
-           "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "backend_names",
-           "get_backend", "get_harness", "harness_names", "load_task", "load_tasks", "served_models"]
+           "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "TaskGenError",
+           "backend_names", "generate_tasks", "get_backend", "get_harness", "harness_names", "load_task", "load_tasks",
+           "served_models", "task_families"]

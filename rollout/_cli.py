@@ -1,0 +1,67 @@
+"""``openforge tasks``: generate task sets from a family of templates (``generate``) and list the families.
+
+Declared as an entry point in ``pyproject.toml``; the root command discovers it. Errors are one red line (value,
+rule, fix) and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ._taskgen import TaskGenError, plan, task_families, write
+
+tasks_app = typer.Typer(help="Generate task sets (train and held-out splits) from families of templates.",
+                        no_args_is_help=True)
+console = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+
+@tasks_app.command("generate")
+def generate_command(
+    family: str = typer.Option("files", "--family", help="Task family (see `openforge tasks families`)."),
+    train: int = typer.Option(0, "--train", help="Tasks in the train split."),
+    heldout: int = typer.Option(0, "--heldout", help="Tasks in the held-out split (disjoint instructions)."),
+    seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives the same bytes."),
+    difficulty: str = typer.Option("1,2,3", "--difficulty", help="Steps per task, cycled evenly, e.g. 1 or 1,2,3."),
+    out: Path = typer.Option(..., "--out", help="Folder to write (created; train/ and heldout/ inside)."),
+    json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
+) -> None:
+    """Write generated task folders into OUT/train and OUT/heldout, with OUT/taskgen.json as the manifest."""
+    try:
+        difficulties = tuple(int(x) for x in difficulty.split(",") if x.strip())
+    except ValueError:
+        _fail(f"--difficulty {difficulty!r}: pass step counts separated by commas, e.g. 1,2,3")
+    try:
+        p = plan(family, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
+        written = write(p, out)
+    except (TaskGenError, OSError) as exc:
+        _fail(exc)
+    if json_out:
+        print(json.dumps({"out": str(out), "written": written, "tasks": p.tasks}))
+        return
+    verb = "wrote" if written else "unchanged (already generated):"
+    for split in ("train", "heldout"):
+        tasks = [t for t in p.tasks if t["split"] == split]
+        if tasks:
+            mix = Counter(t["difficulty"] for t in tasks)
+            steps = ", ".join(f"{n} x {d} step{'s' if d > 1 else ''}" for d, n in sorted(mix.items()))
+            console.print(f"{verb} {len(tasks)} {split} tasks in {out / split} ({steps})", highlight=False)
+    console.print(f"manifest: {out / 'taskgen.json'}; run them with: openforge run {out / 'train'} --harness react "
+                  f"--upstream URL", highlight=False)
+
+
+@tasks_app.command("families")
+def families_command() -> None:
+    """List the task families and their templates."""
+    for name, templates in task_families().items():
+        console.print(f"{name}: {', '.join(templates)}", highlight=False)
+
+
+def _fail(exc: object) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(2)
