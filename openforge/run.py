@@ -13,7 +13,7 @@ from .progress import RunProgress, sigterm_interrupts
 
 RUN_KEYS = {"tasks", "harness", "group_size", "groups_per_task", "concurrency", "upstream", "proxy", "admin_token",
             "store", "model", "backend", "max_infra_retries", "max_in_flight", "max_waiting", "max_turns",
-            "agent_timeout", "dialect", "run_name", "upstream_metrics", "kubernetes"}
+            "agent_timeout", "dialect", "run_name", "upstream_metrics", "kubernetes", "purpose"}
 
 
 def run_command(
@@ -43,6 +43,9 @@ def run_command(
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Upstream dialect for the embedded proxy: vllm, "
                                           "sglang, openai."),
     run_name: Optional[str] = typer.Option(None, "--name", help="A name for this run."),
+    purpose: Optional[str] = typer.Option(None, "--purpose", help="train (default), eval (never exported for "
+                                          "training) or teacher (demonstrations: SFT shards only); recorded on "
+                                          "the run and every rollout."),
     config: Optional[Path] = typer.Option(None, "--config", help="A TOML file with any of these options (CLI wins)."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
@@ -85,7 +88,7 @@ def _merge(config: Path | None, given: dict, err) -> dict:
         if value is not None:
             opts[key] = value
     defaults = {"group_size": 4, "groups_per_task": 1, "concurrency": 4, "backend": "local", "max_infra_retries": 2,
-                "dialect": "vllm"}
+                "dialect": "vllm", "purpose": "train"}
     return defaults | opts
 
 
@@ -166,7 +169,7 @@ def _run(opts: dict, err):
                         max_infra_retries=opts["max_infra_retries"], max_in_flight=opts.get("max_in_flight"),
                         upstream_metrics_url=metrics, max_waiting=opts.get("max_waiting"),
                         max_turns=opts.get("max_turns"), agent_timeout_s=opts.get("agent_timeout"),
-                        run_name=opts.get("run_name"))
+                        run_name=opts.get("run_name"), purpose=opts["purpose"])
         progress = RunProgress(err)
         orch = Orchestrator(cfg, store=store, backend=backend, harness=harness, admin=admin, progress=progress)
         with sigterm_interrupts(), progress:

@@ -8,6 +8,9 @@
   attempts, each a new rollout with ``retry_of`` pointing at the one it replaces.
 - **Backpressure**: no new rollout starts while the proxy is paused, its in-flight calls are at ``max_in_flight``,
   or the upstream's queue (vLLM's ``vllm:num_requests_waiting``) is at ``max_waiting``.
+- **Purpose.** A run is ``train``, ``eval`` or ``teacher``; the purpose is on the run's config row and in every
+  rollout's metadata (``{"purpose": ...}``), so exports can keep evaluation rollouts out of every shard and teacher
+  rollouts out of GRPO shards.
 - **Ctrl-C** cancels: running phases are killed, sandboxes destroyed, rollouts marked ``cancelled``.
 """
 
@@ -24,6 +27,8 @@ from ._proxy_admin import AdminClient, ProxyUnavailable
 from ._rollout_runner import RolloutRequest, RolloutResult, RolloutRunner, new_id
 from ._task import Task
 
+PURPOSES = ("train", "eval", "teacher")
+
 
 @dataclass
 class RunConfig:
@@ -39,8 +44,13 @@ class RunConfig:
     max_turns: int | None = None
     agent_timeout_s: float | None = None
     run_name: str | None = None
+    purpose: str = "train"
 
     def check(self) -> None:
+        if self.purpose not in PURPOSES:
+            raise ValueError(f"--purpose {self.purpose!r}: a run is one of {', '.join(PURPOSES)} (train: rollouts "
+                             f"to learn from; eval: measured, never exported for training; teacher: "
+                             f"demonstrations, for SFT only); pass one of them")
         if self.group_size < 1:
             raise ValueError(f"--group-size {self.group_size}: a group needs at least 1 rollout (GRPO needs 2 or more "
                              f"to compare); pass --group-size 2 or more")
@@ -152,7 +162,8 @@ class Orchestrator:
         harness_id = self.store.register_harness(self.harness.name, self.harness.version(), self.harness.config())
         run_id = self.store.create_run(new_id("run"), name=cfg.run_name, config={
             "harness": cfg.harness, "model": cfg.model, "group_size": cfg.group_size, "concurrency": cfg.concurrency,
-            "groups_per_task": cfg.groups_per_task, "backend": self.backend.name, "tasks": [t.id for t in tasks]})
+            "groups_per_task": cfg.groups_per_task, "backend": self.backend.name, "purpose": cfg.purpose,
+            "tasks": [t.id for t in tasks]})
         for t in tasks:
             self.store.register_task(t.id, source=str(t.path), domain=t.domain, instruction_hash=t.instruction_hash,
                                      verifier_hash=t.verifier_hash, environment_ref=t.config.environment.docker_image,
@@ -187,7 +198,8 @@ class Orchestrator:
             req = RolloutRequest(task=work.group.task, run_id=summary.run_id, group_id=work.group.id,
                                  policy_version_id=work.group.policy_version, harness_id=harness_id,
                                  model=cfg.model, attempt=work.attempt, retry_of=work.retry_of,
-                                 max_turns=cfg.max_turns, agent_timeout_s=cfg.agent_timeout_s)
+                                 max_turns=cfg.max_turns, agent_timeout_s=cfg.agent_timeout_s,
+                                 purpose=cfg.purpose)
             work.group.started += 1 if work.attempt == 1 else 0
             running[pool.submit(self.runner.run, req)] = work
 

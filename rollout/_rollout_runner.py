@@ -41,6 +41,7 @@ class RolloutRequest:
     retry_of: str | None = None
     max_turns: int | None = None
     agent_timeout_s: float | None = None
+    purpose: str = "train"
 
 
 @dataclass
@@ -80,7 +81,7 @@ class RolloutRunner:
                 policy_version_id=req.policy_version_id, backend=self.backend.name,
                 image_ref=task.config.environment.docker_image, attempt=req.attempt,
                 retry_of=req.retry_of, ttl_s=timeout + task.verifier_timeout_s + 120,
-                metadata={"domain": task.domain, "task_path": str(task.path)})
+                metadata={"domain": task.domain, "task_path": str(task.path), "purpose": req.purpose})
         except ProxyUnavailable as exc:
             # No rollout row exists yet (the proxy writes it): nothing to finish, the orchestrator retries.
             return RolloutResult(rid, task.id, req.group_id, "infra_error", detail=str(exc), infra_kind="proxy",
