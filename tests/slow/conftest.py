@@ -4,7 +4,9 @@ The first run builds its environment and model (`proxy.engines.vllm_cpu`, ~5 min
 `$OPENFORGE_VLLM_CPU_CACHE` or `~/.cache/openforge/vllm-cpu`) and compiles the model (~4 min start);
 later starts take ~1.5 min.
 `OPENFORGE_SKIP_SLOW=1` skips the tests that use it; `OPENFORGE_VLLM_URL=http://127.0.0.1:PORT/v1` uses a server
-already running (`python -m proxy.engines.vllm_cpu serve --port PORT`) instead of starting one.
+already running (`python -m proxy.engines.vllm_cpu serve --port PORT`, serving the cache's base model) instead of
+starting one. `vllm_engine` is the `VllmServer` itself (tests that switch weights with `load_weights` put the base
+back before they end); `vllm_server` is its base URL.
 Run this tier without xdist (`-p no:xdist`): each xdist worker would start its own server.
 """
 
