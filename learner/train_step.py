@@ -182,7 +182,9 @@ def run(torch, model, batches, step_fn, tokens_of, params: int) -> dict:
         left = done / (k + 1) * (len(batches) - k - 1)
         say(f"step {k + 1}/{len(batches)}  loss {loss:.4f}  {done:.1f} s" + (f"  (~{_minutes(left)} left)" if left
                                                                                else ""))
-    return {"steps": len(batches), "loss_first": losses[0] if losses else None,
+    return {"steps": len(batches), "batch_size": max(len(b) for b in batches),
+            "epochs": round(sum(len(b) for b in batches) / max(len(set().union(*batches)), 1), 3),
+            "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "loss": losses[-1] if losses else None,
             "train_seconds": round(time.monotonic() - t0, 2), **first}
 
@@ -293,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     delta = math.sqrt(sum(float((p.detach() - before[n]).pow(2).sum()) for n, p in model.named_parameters()))
     sha = save(model, base, out)
-    print(json.dumps({"algorithm": ARGS.algorithm, **result, "lr": ARGS.lr, "epochs": ARGS.epochs,
-                      "batch_size": ARGS.batch_size, "weight_delta_l2": delta, "checkpoint": str(out),
+    print(json.dumps({"algorithm": ARGS.algorithm, **result, "lr": ARGS.lr, "weight_delta_l2": delta, "checkpoint": str(out),
                       "checkpoint_sha256": sha, "seconds": round(time.monotonic() - t0, 2)}))
     return 0
 
