@@ -117,3 +117,17 @@ def test_lineage_prints_the_chain(store, tmp_path):
     assert chain[1]["watermark"] == 40 and chain[2]["importance_ratio_mean"] == 1.0004
     r = _lineage_cli(url, "grpo-7")
     assert r.exit_code == 2 and "policy version 'grpo-7' is not in the store; known: base, sft, grpo-1" in r.output
+
+
+def test_openforge_train_refuses_with_the_reason(store, tmp_path):
+    from openforge.train import train_command
+
+    shard = _equal_rewards_shard(store, tmp_path / "x")
+    app = typer.Typer()
+    app.command()(train_command)
+    r = CliRunner().invoke(app, ["--shard", str(shard), "--python", str(NO_TORCH), "--store", store.url],
+                           env={"COLUMNS": "300", "OPENFORGE_HOME": str(tmp_path / "home")})
+    assert r.exit_code == 2 and "every advantage in the shard is 0" in r.output, r.output
+    r = CliRunner().invoke(app, ["--sft", "--shard", str(shard), "--python", str(NO_TORCH), "--store", store.url],
+                           env={"COLUMNS": "300", "OPENFORGE_HOME": str(tmp_path / "home")})
+    assert r.exit_code == 2 and "trains grpo, not sft" in r.output, r.output
