@@ -2,10 +2,10 @@
 
 A row is ``{"messages": [...], "tools": [...]}`` as TRL's ``SFTTrainer`` reads it (its "conversational language
 modeling" type with tool calling): each message a struct of ``role``, ``content`` (text; "" for none, as vLLM
-renders it), ``tool_calls`` (``id``,
-``type``, ``function.name``, ``function.arguments``), ``tool_call_id``, ``name`` and ``reasoning_content``; the
-arguments and each tool schema are Arrow's JSON type, which Hugging Face ``datasets`` decodes into the dicts a chat
-template expects (and pyarrow, pandas or DuckDB read as JSON text). Other message keys are not carried.
+renders it), ``tool_calls`` (``id``, ``type``, ``function.name``, ``function.arguments``), ``tool_call_id``, ``name``
+and ``reasoning_content``; the arguments and each tool schema are Arrow's JSON type, which Hugging Face ``datasets``
+decodes into the dicts a chat template expects (and pyarrow, pandas or DuckDB read as JSON text). Other message keys
+are not carried. The tools are the store's copy: canonical JSON, so a schema's keys come back sorted.
 
 Which calls become conversation turns (the plan records an exclusion for every call left out):
 
