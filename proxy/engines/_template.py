@@ -4,7 +4,9 @@ SmolLM2-135M-Instruct's own template has no tools: tool schemas are dropped and 
 `smollm2_tools.jinja` (next to this module) adds them, shaped by what a 135M model on a CPU can learn and afford:
 
 - **Compact.** Every prompt token costs CPU time, at every turn: each tool is one line of the system turn,
-  `- name(param, ...): first line of its description`, then one line saying how to call
+  `- name(param, ...): first line of its description` (parameter names sorted: the store keeps tool schemas as
+  canonical JSON with sorted keys, so an SFT shard re-rendered from the store must give the line the engine served),
+  then one line saying how to call
   (`Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>`). The full JSON schemas a Hermes template
   writes would cost hundreds of tokens per tool. With this format SmolLM2 learned one-step shell tasks from 96
   demonstrations (40/40 held-out tasks exact after 40 SFT steps; /tmp/sft_probe.py, this session).
