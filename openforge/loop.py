@@ -180,7 +180,9 @@ class LearningLoop:
         row = self.report.row(current)
         row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
         shard = self.cfg.out / "shards" / f"grpo-{summary.run_id}"
-        manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'"))
+        # A completion cut at max_tokens is a failure the policy produced, not noise: it trains, with its advantage.
+        manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'",
+                                                                  keep_truncated=True))
         version = f"smollm2-{self.cfg.tag}-grpo{r}"
         try:
             res = self.session.train(shard, version, parent=current, algorithm="grpo", lr=self.cfg.grpo_lr)
