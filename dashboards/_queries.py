@@ -7,13 +7,12 @@ Rubrics that need whole trajectories (recovery, self-verification, format, effic
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 
 import pandas as pd
 
 from forge_store import RolloutInfo, Store, Window
-from learner import RubricConfig, pass_at_k, pass_hat_k, rubric_summary
+from learner import RubricConfig, pass_at_k, pass_hat_k, rubric_summary, wilson_interval
 
 SIDES = {"policy version": "policy_version_id", "harness": "harness_id"}
 RUBRICS = ("rollouts", "shell_share", "format_ok_rate", "recovery_rate", "self_verification_rate", "tool_coverage",
@@ -69,15 +68,6 @@ def chain_order(versions: list[dict]) -> list[dict]:
     return out + sorted((v for v in versions if v["id"] not in seen), key=key)  # a parent loop: by step, creation
 
 
-def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float | None, float | None]:
-    """Wilson's 95% score interval for ``successes / n`` (None, None without a graded rollout)."""
-    if not n:
-        return None, None
-    p, denom = successes / n, 1 + z * z / n
-    centre, half = (p + z * z / (2 * n)) / denom, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def success_along_chain(store: Store, window: Window) -> pd.DataFrame:
     """Success rate (successes over graded rollouts, with its Wilson 95% interval) per policy version and purpose,
     the versions in chain order (``position``); versions the store has no row for come last."""
@@ -91,7 +81,7 @@ def success_along_chain(store: Store, window: Window) -> pd.DataFrame:
     out = []
     for r in rows:
         version = r["policy_version_id"]
-        lo, hi = wilson(r["successes"], r["graded"])
+        lo, hi = wilson_interval(r["successes"], r["graded"]) or (None, None)
         out.append({**r, "policy_version_id": version, "position": position[version], "parent": parent.get(version),
                     "purpose": PURPOSES.get(r["purpose"], r["purpose"]),
                     "success_rate": r["successes"] / r["graded"] if r["graded"] else None, "ci_low": lo, "ci_high": hi})

@@ -359,3 +359,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
+    """Wilson's score interval (95% by default) for a success rate ``successes / n``; None without a trial.
+
+    Unlike the normal approximation it stays inside [0, 1] and is honest at the small counts a laptop run has:
+    0 of 20 gives [0, 0.16], not [0, 0]."""
+    if n <= 0:
+        return None
+    p, denom = successes / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -14,14 +14,10 @@ Z95 = 1.959963984540054
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The score interval of ``successes / n`` (``(0.0, 1.0)`` when ``n`` is 0: nothing is known)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    """The score interval of ``successes / n`` (``learner.wilson_interval``); ``(0.0, 1.0)`` when ``n`` is 0."""
+    from learner import wilson_interval
+
+    return wilson_interval(successes, n, z) or (0.0, 1.0)
 
 
 @dataclass

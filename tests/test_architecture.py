@@ -38,7 +38,7 @@ PUBLIC = {
                 "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "export", "get_exporter",
                 "group_advantages", "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "policy_lineage",
                 "print_table", "reconstruct", "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps",
-                "train", "verify"],
+                "train", "verify", "wilson_interval"],
     "forge_store.testing": ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"],
 }
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboards._queries import chain_order, success_along_chain, wilson
+from dashboards._queries import chain_order, success_along_chain
 from forge_store import Settings, Window, open_store
+from learner import wilson_interval
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py")
 CHAIN = ["base", "sft", "grpo-a", "grpo-b", "teacher-scripted", "unregistered"]
@@ -70,10 +71,10 @@ def test_versions_follow_parent_links_then_global_step_then_creation():
 
 
 def test_wilson_interval():
-    assert wilson(0, 0) == (None, None)
-    lo, hi = wilson(0, 20)
+    assert wilson_interval(0, 0) is None
+    lo, hi = wilson_interval(0, 20)
     assert lo == 0.0 and hi == pytest.approx(0.161, abs=1e-3)
-    lo, hi = wilson(3, 4)
+    lo, hi = wilson_interval(3, 4)
     assert 0.2 < lo < 0.75 < hi < 1.0
 
 
