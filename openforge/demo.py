@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -48,6 +49,8 @@ def demo_command(
     from rollout import ProxyUnavailable, SandboxError, TaskError
 
     console = Console(stderr=True)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=True, width=160)  # a log file: wide enough that the scoreboard's rows stay one line
     errors = (TaskError, SandboxError, ProxyUnavailable, StoreError, JournalError, KeyError, ValueError, RuntimeError,
               TimeoutError)
     try:
