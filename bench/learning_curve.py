@@ -14,6 +14,7 @@ Prints a table, then as its LAST line one JSON object with:
 Targets (issue 19): final - base >= 0.4; importance ratio in [0.99, 1.01]; switch p50 <= 15 s; minutes <= 30.
 
 Usage: python bench/learning_curve.py [--rounds 2] [--train-tasks 48] [--heldout-tasks 24] [--seed 0] [--keep DIR]
+       [--grpo-lr 2e-5] [--grpo-epochs 1] [--grpo-batch-size N]
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks-per-round", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grpo-lr", type=float, default=2e-5)
+    ap.add_argument("--grpo-epochs", type=int, default=1)
+    ap.add_argument("--grpo-batch-size", type=int, default=0, help="0: the whole round's shard in one update")
     ap.add_argument("--port", type=int, default=0, help="vLLM's port (default: a free one)")
     ap.add_argument("--keep", type=Path, help="keep the store, shards and checkpoints in this folder")
     args = ap.parse_args(argv)
@@ -46,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [str(Path(sys.executable).parent / "openforge"), "demo", "--rounds", str(args.rounds),
            "--train-tasks", str(args.train_tasks), "--heldout-tasks", str(args.heldout_tasks),
            "--tasks-per-round", str(args.tasks_per_round), "--group-size", str(args.group_size),
-           "--seed", str(args.seed), "--port", str(args.port)]
+           "--seed", str(args.seed), "--port", str(args.port), "--grpo-lr", str(args.grpo_lr),
+           "--grpo-epochs", str(args.grpo_epochs)] + (["--grpo-batch-size", str(args.grpo_batch_size)]
+                                                     if args.grpo_batch_size else [])
     env = {**os.environ, "OPENFORGE_HOME": str(home)}
     print(f"running {' '.join(cmd[1:])} with OPENFORGE_HOME={home}", file=sys.stderr, flush=True)
     try:

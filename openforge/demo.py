@@ -33,6 +33,10 @@ def demo_command(
                                           "demonstrations (default: the scripted engine replaying each task's "
                                           "reference solution)."),
     sft_epochs: int = typer.Option(3, "--sft-epochs", help="Epochs of SFT over the teacher's demonstrations."),
+    grpo_lr: float = typer.Option(2e-5, "--grpo-lr", help="Learning rate of the GRPO updates."),
+    grpo_epochs: int = typer.Option(1, "--grpo-epochs", help="Passes over each round's shard."),
+    grpo_batch_size: Optional[int] = typer.Option(None, "--grpo-batch-size", help="Samples per GRPO update "
+                                                  "(default: the whole round's shard in one update)."),
     group_size: int = typer.Option(4, "--group-size", help="Rollouts per GRPO group."),
     groups_per_task: int = typer.Option(1, "--groups-per-task", help="Groups per task (one round)."),
     concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
@@ -61,6 +65,7 @@ def demo_command(
             else:
                 doc = _loop(console, rounds=rounds, train_tasks=train_tasks, heldout_tasks=heldout_tasks,
                             tasks_per_round=tasks_per_round, seed=seed, teacher=teacher, sft_epochs=sft_epochs,
+                            grpo_lr=grpo_lr, grpo_epochs=grpo_epochs, grpo_batch_size=grpo_batch_size,
                             group_size=group_size, concurrency=concurrency, max_turns=max_turns,
                             max_tokens=max_tokens, port=port, store=store)
     except KeyboardInterrupt:

@@ -54,6 +54,8 @@ class LoopConfig:
     sft_epochs: int = 3
     sft_lr: float = 1e-4
     grpo_lr: float = 2e-5
+    grpo_epochs: int = 1  # passes over a round's shard
+    grpo_batch_size: int | None = None  # samples per update (None: the whole shard in one update)
     teacher: str | None = None  # an OpenAI-compatible teacher instead of the scripted one
     port: int = 18300
     store: str | None = None
@@ -185,7 +187,8 @@ class LearningLoop:
                                                                   keep_truncated=True))
         version = f"smollm2-{self.cfg.tag}-grpo{r}"
         try:
-            res = self.session.train(shard, version, parent=current, algorithm="grpo", lr=self.cfg.grpo_lr)
+            res = self.session.train(shard, version, parent=current, algorithm="grpo", lr=self.cfg.grpo_lr,
+                                     epochs=self.cfg.grpo_epochs, batch_size=self.cfg.grpo_batch_size)
         except TrainError as exc:
             note = f"round {r}: no update ({exc})"
             self.report.notes.append(note)

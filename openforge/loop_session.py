@@ -137,14 +137,15 @@ class Session:
         return url
 
     # ---- train and switch -------------------------------------------------------------------------------------
-    def train(self, shard: Path, version: str, *, parent: str, algorithm: str, lr: float, epochs: int | None = None):
+    def train(self, shard: Path, version: str, *, parent: str, algorithm: str, lr: float, epochs: int | None = None,
+              batch_size: int | None = None):
         from learner import train
 
         out = self.settings.home / "checkpoints" / version
         base = self.base_dir if parent == BASE_POLICY else None
         with self.console.status(f"{algorithm.upper()} on the CPU from {shard.name} -> {version}") as status:
             res = train(self.store, shard, out, python=self.python, base=base, parent=parent, algorithm=algorithm,
-                        lr=lr, epochs=epochs, policy_id=version, progress=lambda line: status.update(
+                        lr=lr, epochs=epochs, batch_size=batch_size, policy_id=version, progress=lambda line: status.update(
                             f"{algorithm.upper()} -> {version}: {line}"))
         s = res.step
         self.console.print(f"[green]{algorithm}[/] {version} (parent {parent}): {s.get('samples')} samples, loss "
