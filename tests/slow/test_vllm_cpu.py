@@ -242,7 +242,7 @@ def test_served_template_renders_a_tool_conversation_as_the_double_does(client, 
                                           extra_body=IDS)
     assert resp.prompt_token_ids == engine_tok.encode_chat(TOOL_CONVERSATION, TOOLS)
     text = detokenize(http, resp.prompt_token_ids)
-    assert "- bash(command): Run a bash command in the workspace.\n- write_file(path, content): Write a text file.\n" in text
+    assert "- bash(command): Run a bash command in the workspace.\n- write_file(content, path): Write a text file.\n" in text
     assert "Long." not in text  # one line per tool
 
 
