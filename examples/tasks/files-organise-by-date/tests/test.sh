@@ -12,12 +12,15 @@ export OPENFORGE_REWARD_DIR="${OPENFORGE_REWARD_DIR:-/logs/verifier}"
 export OPENFORGE_SERVICE_PORT="${OPENFORGE_SERVICE_PORT:-8931}"
 mkdir -p "$OPENFORGE_REWARD_DIR"
 rm -f "$OPENFORGE_REWARD_DIR/reward.json" "$OPENFORGE_REWARD_DIR/reward.txt"
-cd "$OPENFORGE_WORKSPACE"
-exec python3 - <<'PY'
+# python3 -I (isolated): no PYTHON* variables, no user site, neither the cwd nor a script folder on sys.path,
+# so nothing the harness left in its workspace stands in for a standard-library module; paths are absolute.
+exec python3 -I - <<'PY'
 import csv
 import hashlib
+import io
 import json
 import os
+import stat
 import sys
 from decimal import Decimal, InvalidOperation, ROUND_HALF_UP
 from pathlib import Path
@@ -26,6 +29,7 @@ WS = Path(os.environ["OPENFORGE_WORKSPACE"])
 TESTS = Path(os.environ["OPENFORGE_TESTS"])
 ENV_DIR = Path(os.environ["OPENFORGE_ENVIRONMENT"])
 REWARD_DIR = Path(os.environ["OPENFORGE_REWARD_DIR"])
+WS_REAL = Path(os.path.realpath(WS))
 details = {}
 
 
@@ -44,19 +48,38 @@ def finish(checks, guards=()):
     sys.exit(0)
 
 
+def ws_file(path):
+    """A workspace path resolved, when it is a regular file inside the workspace. A symlink that leads out of it
+    (to /tests, /logs/verifier, ...) or to something that is not a regular file raises OSError, so every caller
+    treats it as missing; details["refused"] says which path and why."""
+    real = Path(os.path.realpath(path))
+    rel = os.path.relpath(path, WS)
+    if real != WS_REAL and WS_REAL not in real.parents:
+        details.setdefault("refused", {})[rel] = "a symlink out of the workspace"
+        raise PermissionError(f"{rel}: a symlink out of the workspace")
+    if not stat.S_ISREG(os.stat(real).st_mode):     # FileNotFoundError when missing: that is no refusal
+        details.setdefault("refused", {})[rel] = "not a regular file"
+        raise IsADirectoryError(f"{rel}: not a regular file")
+    return real
+
+
+def ws_bytes(path):
+    """The bytes of a workspace file (see ws_file); raises OSError when it is missing or refused."""
+    return ws_file(path).read_bytes()
+
+
 def sha256(path):
-    """The file's sha256, or None when it is missing, not a regular file, or unreadable."""
-    p = Path(path)
+    """The workspace file's sha256, or None when it is missing, refused, or unreadable."""
     try:
-        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        return hashlib.sha256(ws_bytes(path)).hexdigest()
     except OSError:
         return None
 
 
 def read_csv(path):
-    """(header, rows) with cells stripped and blank lines dropped; raises on a missing or unreadable file."""
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        rows = [[c.strip() for c in r] for r in csv.reader(fh) if any(c.strip() for c in r)]
+    """(header, rows) of a workspace CSV, cells stripped, blank lines dropped; raises when missing or unreadable."""
+    text = ws_bytes(path).decode("utf-8-sig")
+    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO(text, newline="")) if any(c.strip() for c in r)]
     if not rows:
         raise ValueError(f"{path} is empty")
     return rows[0], rows[1:]
@@ -77,8 +100,10 @@ def cents(x):
 manifest = json.loads((TESTS / "manifest.json").read_text())
 wanted_hashes = set(manifest.values())
 present = {}
-for p in sorted(WS.rglob("*")):
-    if p.is_file() and not p.is_symlink():
+for p in sorted(WS.rglob("*")):     # rglob does not descend into symlinked folders
+    if p.is_symlink():
+        details.setdefault("refused", {})[p.relative_to(WS).as_posix()] = "a symlink, not a file"
+    elif p.is_file():
         present[p.relative_to(WS).as_posix()] = sha256(p)
 dated = {k: v for k, v in manifest.items() if not k.startswith("archive/undated/")}
 undated = {k: v for k, v in manifest.items() if k.startswith("archive/undated/")}
