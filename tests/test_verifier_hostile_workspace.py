@@ -105,3 +105,18 @@ def test_a_link_into_the_tests_folder_is_refused(tmp_path):
     result = r.verify()
     assert result["reward"] < 1.0 and result["details"]["refused"] == {
         "subscribers_clean.txt": "a symlink out of the workspace"}
+
+
+def test_generated_task_verifiers_are_isolated_too(tmp_path):
+    """Generated tasks run `python3 -I -S $OPENFORGE_TESTS/verify.py` (never from the workspace); verify.py looks
+    paths up with lstat, so any symlink fails its condition (tests/test_taskgen.py covers those)."""
+    from rollout._taskgen._render import TEST_SH
+    from tests.test_taskgen import _materialise
+
+    assert "exec python3 -I -S " in TEST_SH and "cd " not in TEST_SH
+    r = Rollout(load_task(_materialise(tmp_path / "tasks", seed=3, difficulty=2)), tmp_path / "run")
+    r.solve()
+    marker = tmp_path / "imported.txt"
+    for name in PLANTED:
+        (r.workspace / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    assert r.verify()["reward"] == 1.0 and not marker.exists()
