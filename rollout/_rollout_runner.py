@@ -7,6 +7,8 @@ Outcome rules (the orchestrator retries ``infra_error`` a bounded number of time
 - harness ran past its deadline: ``policy_timeout``; harness crashed or hit its context: ``harness_error``.
   Both are graded as failures: the verifier still runs (its score is kept as evidence) and the recorded reward
   is 0.0 (``detail.forced_by`` says why);
+- the harness left processes the sandbox could not kill, or a task service died before verification finished:
+  ``harness_error``, reward 0.0; with survivors the verifier does not run at all (its result could be theirs);
 - the sandbox could not start or was lost, a service did not come up, the harness could not reach the model, or the
   verifier crashed: ``infra_error``: no reward, an exclusion row with the reason;
 - Ctrl-C: ``cancelled``.
@@ -165,12 +167,18 @@ class RolloutRunner:
             "exit_code": hr.exit_code, "timed_out": hr.timed_out, "duration_s": round(hr.duration_s, 3),
             "classified": hx.kind if hx else "timeout", "detail": (hx.detail[-2000:] if hx else ""),
             "log_blob": self._log_blob(hr)})
+        if hr.strays_left:
+            _strays(res, "the harness", hr)
+            return
         if hx is not None and hx.kind == "infra":
             res.infra_kind, res.detail = "model_unreachable", hx.detail[-2000:]
             return
         vr = self.backend.run_phase(sandbox, verifier, cancel=self.cancel)
         if vr.cancelled:
             res.outcome = "cancelled"
+            return
+        if vr.strays_left:
+            _strays(res, "the verifier phase", vr)
             return
         dead = sorted(name for name, alive in vr.services.items() if not alive)
         if dead:
@@ -263,6 +271,14 @@ def _grade(res: RolloutResult, task: Task, hr: PhaseResult, hx: HarnessExit | No
         res.reward = verdict.reward
         res.outcome = "success" if verdict.reward >= task.config.task.pass_threshold else "failure"
         res.detail = hx.detail
+
+
+def _strays(res: RolloutResult, who: str, r: PhaseResult) -> None:
+    """Processes that outlived every kill: graded 0, never an infra retry. Only a harness makes them in practice
+    (a verifier phase refuses to start while any remain, and reports them too)."""
+    res.outcome, res.reward = "harness_error", 0.0
+    res.detail = f"processes left by {who} could not be killed: {', '.join(r.strays_left[:20])}"
+    res.extra["evidence"] = {"strays_left": r.strays_left, "phase": r.name}
 
 
 def _short(evidence: dict) -> dict:

@@ -4,6 +4,15 @@ Contract (Harbor's): the script writes ``/logs/verifier/reward.json`` (``{"rewar
 ``/logs/verifier/reward.txt`` (a bare number). A verifier that exits non-zero without a reward, writes something
 that is not a finite number, or runs past its deadline has *crashed*: an infrastructure error, never a zero reward
 (DESIGN.md invariant 6).
+
+One exception, and why: a reward file the backend *refused* (``PhaseResult.refused``: a symbolic link, a folder, a
+fifo, a file too large; backends read it from their own side of the mount, never following a link) scores 0, a
+graded failure, not a crash. The reward folder is emptied after every harness process is dead and the verifier's
+processes are all dead before it is read, so such a file was made by the verifier itself, and an honest verifier
+writes a regular file: it does otherwise when steered by what the harness left (a link it copied out of the
+workspace, output it echoed), and calling that a crash would hand the harness a retry and an exclusion in place of
+its failure. A verifier broken on its own this way fails every rollout, the oracle included, which the example and
+oracle tests catch.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ class Verdict:
 
 
 def verifier_phase(task: Task) -> Phase:
+    """``clean``: the backend gives it ``verifier_env`` (the task's ``[verifier] env`` on top), a fresh HOME as cwd,
+    and only once nothing of the harness runs (``rollout._backends.base``)."""
     return Phase("verifier", ("bash", "/tests/test.sh"), env=dict(task.config.verifier.env),
-                 timeout_s=task.verifier_timeout_s,
+                 timeout_s=task.verifier_timeout_s, clean=True,
                  mounts=(Mount(task.tests_dir, "/tests"), Mount(None, VERIFIER_LOGS, writable=True)),
                  outputs=(REWARD_JSON, REWARD_TXT))
 
@@ -51,6 +62,10 @@ def read_verdict(task: Task, result: PhaseResult) -> Verdict:
     if result.timed_out:
         raise VerifierCrashed(f"verifier of task {task.id} ran past its {task.verifier_timeout_s:g} s deadline "
                               f"([verifier] timeout_sec)", evidence)
+    refused = {p: why for p, why in result.refused.items() if p in (REWARD_JSON, REWARD_TXT)}
+    if refused:
+        evidence |= {"refused": refused, "source": "refused"}
+        return Verdict(0.0, evidence, version)
     reward, source = None, None
     if REWARD_JSON in result.outputs:
         source = "reward.json"

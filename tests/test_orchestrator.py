@@ -18,9 +18,12 @@ import sqlalchemy as sa
 from forge_store import RolloutFilter
 from proxy.testing.script import Delay, Text, ToolCall, ToolCalls
 from rollout._task import load_task, load_tasks
-from tests.rollout_fixtures import ANSWER_TEST, EXAMPLES, CommandHarness, write_task
+from tests.rollout_fixtures import ANSWER_TEST as _ANSWER_TEST
+from tests.rollout_fixtures import EXAMPLES, CommandHarness, write_task
 
 ROOT = Path(__file__).resolve().parents[1]
+# The verifier starts in a fresh HOME (docs/rollouts.md): it changes into the workspace itself.
+ANSWER_TEST = _ANSWER_TEST.replace("#!/bin/bash\n", '#!/bin/bash\ncd "$OPENFORGE_WORKSPACE"\n', 1)
 
 
 def _rollouts(store):

@@ -15,6 +15,12 @@ Paths inside a sandbox follow the Harbor / Terminal-Bench conventions so such ta
 - the verifier's output folder at ``/logs/verifier`` (``reward.txt`` or ``reward.json``);
 - the task's ``solution/`` read-only at ``/solution``, present only for the ``oracle`` harness;
 - the proxy at ``backend.proxy_url()`` (local: ``http://127.0.0.1:8000`` inside the sandbox's own network namespace).
+
+A ``clean`` phase (the verifier) is what rewards rest on, so every backend runs it the same way: only after every
+process of the earlier phases is gone (task services excepted), with exactly ``verifier_env`` (nothing inherited),
+a HOME and TMPDIR made empty after the harness died (its cwd is that HOME), the workspace read-only where the backend
+can enforce it, and its writable output folder emptied just before it starts and read right after it (and every
+process it started) ended, from the backend's own side, never through a link.
 """
 
 from __future__ import annotations
@@ -31,6 +37,22 @@ SOLUTION_DIR = "/solution"
 VERIFIER_LOGS = "/logs/verifier"
 HARNESS_DIR = "/opt/openforge"
 PROXY_PORT = 8000
+
+# The verifier's environment, the same on every backend: these, then HOME / TMPDIR / OPENFORGE_WORKSPACE from
+# ``verifier_env``, then the task's own ``[verifier] env``. No user site-packages, no script folder (or cwd) on
+# sys.path, no bytecode written next to what it imports: a harness cannot plant code a naive ``python3 -`` picks up.
+VERIFIER_ENV_BASE: dict[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin", "USER": "agent", "LOGNAME": "agent", "LANG": "C.UTF-8",
+    "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENFORGE_TESTS": TESTS_DIR, "OPENFORGE_ENVIRONMENT": ENVIRONMENT_DIR, "OPENFORGE_REWARD_DIR": VERIFIER_LOGS,
+}
+
+
+def verifier_env(*, workdir: str, home: str, tmpdir: str, task_env: dict[str, str]) -> dict[str, str]:
+    """The complete environment of a ``clean`` phase: ``VERIFIER_ENV_BASE``, the fresh ``home`` and ``tmpdir`` the
+    backend made after the harness died, the workspace, then the task's ``[verifier] env`` (the task author's, so
+    it may override any of these)."""
+    return {**VERIFIER_ENV_BASE, "HOME": home, "TMPDIR": tmpdir, "OPENFORGE_WORKSPACE": workdir, **task_env}
 
 
 class SandboxError(Exception):
@@ -57,6 +79,8 @@ class Phase:
     ``background`` phases (mock services) are started and left running; ``ready_port`` makes ``run_phase`` wait until
     something listens there. ``mounts`` are visible only while this phase runs (tests for the verifier, the solution
     for the oracle). ``outputs`` are files (absolute sandbox paths) the backend hands back in ``PhaseResult.outputs``.
+    ``clean`` marks the verifier: run as the module docstring says (``verifier_env``, fresh HOME, nothing left of
+    the earlier phases), its outputs read only as regular files (``PhaseResult.refused`` names the others).
     """
 
     name: str
@@ -69,6 +93,7 @@ class Phase:
     mounts: tuple[Mount, ...] = ()
     outputs: tuple[str, ...] = ()
     files: tuple[tuple[str, bytes, int], ...] = ()   # (absolute path, bytes, mode) written before the phase starts
+    clean: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,6 +133,8 @@ class PhaseResult:
     stderr: bytes = b""
     outputs: dict[str, bytes] = field(default_factory=dict)   # declared outputs that exist
     services: dict[str, bool] = field(default_factory=dict)   # background phases still running when it ended
+    refused: dict[str, str] = field(default_factory=dict)     # declared outputs not read: a link, not a file; why
+    strays_left: list[str] = field(default_factory=list)      # processes the end-of-phase kill could not end
 
 
 @dataclass

@@ -10,13 +10,15 @@ import threading
 import time
 from pathlib import Path
 
-from ..base import PROXY_PORT, Phase, PhaseResult, Sandbox, SandboxError, SandboxSpec
+from ..base import PROXY_PORT, TESTS_DIR, Phase, PhaseResult, Sandbox, SandboxError, SandboxSpec, verifier_env
 from . import bwrap as _bwrap
 from . import processes
 from .control import Cancelled, Channel, Closed, NoAnswer, b64, unb64
-from .staging import Staging
+from .staging import NotRegular, Staging, read_regular
 
 INIT_GRACE_S = 15.0
+STRAYS_GRACE_S = 20.0        # sandbox_init's KILL_CAP_S, twice: before a clean phase and after any phase
+OUTPUT_LIMIT = 8 << 20       # a declared output larger than this is refused, not read
 
 
 class LocalBackend:
@@ -68,32 +70,73 @@ class LocalBackend:
         return sb
 
     def run_phase(self, sandbox: Sandbox, phase: Phase, *, cancel: threading.Event | None = None) -> PhaseResult:
-        staged = self.staging.fill(sandbox.backend_state["dir"], sandbox.spec, phase)
+        d, spec = sandbox.backend_state["dir"], sandbox.spec
+        refused: dict[str, str] = {}
+        if phase.clean:
+            refused = self._seal_workspace(sandbox, cancel)
+        staged = self.staging.fill(d, spec, phase)
         try:
             for path, data, mode in phase.files:
                 self._call(sandbox, {"op": "write", "path": path, "data": b64(data), "mode": mode}, 30, cancel)
-            req = {"argv": list(phase.argv), "env": _bwrap.phase_env(sandbox.spec.workdir, phase.env),
-                   "cwd": phase.cwd or sandbox.spec.workdir, "timeout_s": phase.timeout_s}
+            req = {"argv": list(phase.argv), "env": _bwrap.phase_env(spec.workdir, phase.env),
+                   "cwd": phase.cwd or spec.workdir, "timeout_s": phase.timeout_s}
+            if phase.clean:
+                req |= {"env": verifier_env(workdir=spec.workdir, home=_bwrap.VERIFIER_HOME,
+                                            tmpdir=_bwrap.VERIFIER_TMP, task_env=phase.env),
+                        "cwd": phase.cwd or _bwrap.VERIFIER_HOME, "clean": _bwrap.VERIFIER_DIR}
             if phase.background:
                 req |= {"op": "start", "name": phase.name, "ready_port": phase.ready_port}
             else:
                 req |= {"op": "run"}
             t0 = time.monotonic()
-            resp = self._call(sandbox, req, phase.timeout_s + INIT_GRACE_S, cancel)
+            resp = self._call(sandbox, req, phase.timeout_s + INIT_GRACE_S + STRAYS_GRACE_S, cancel)
             if resp.get("cancelled"):
                 return PhaseResult(phase.name, None, cancelled=True, duration_s=time.monotonic() - t0)
             result = PhaseResult(phase.name, resp.get("exit_code"), timed_out=bool(resp.get("timed_out")),
                                  duration_s=resp.get("duration_s", time.monotonic() - t0),
                                  stdout=unb64(resp.get("stdout")), stderr=unb64(resp.get("stderr")),
                                  services={k.removeprefix("service:"): v for k, v in
-                                           (resp.get("services") or {}).items()})
-            for out in phase.outputs:
-                data = self._read(sandbox, out, cancel)
-                if data is not None:
-                    result.outputs[out] = data
+                                           (resp.get("services") or {}).items()},
+                                 refused=refused, strays_left=list(resp.get("strays_left") or []))
+            self._outputs(sandbox, phase, staged, result, cancel)
             return result
         finally:
             self.staging.empty(staged)
+
+    def _seal_workspace(self, sandbox: Sandbox, cancel) -> dict[str, str]:
+        """Before a clean phase: the workspace enterable, links into the verifier's folders swept (inside, where
+        links resolve as the verifier would follow them), then read-only (``Staging.seal``). The harness is dead:
+        its phase ended with ``kill_strays``, and the clean run checks again before it starts anything."""
+        ws = Path(sandbox.backend_state["dir"]) / "workspace"
+        self.staging.seal(ws, step="open")
+        into = [TESTS_DIR, _bwrap.VERIFIER_DIR, *(m.target for m in self._writable_mounts(sandbox))]
+        resp = self._call(sandbox, {"op": "sweep", "root": sandbox.spec.workdir, "into": into}, 60, cancel)
+        if "error" in resp:
+            raise SandboxError(f"sandbox {sandbox.id}: sweeping the workspace failed: {resp['error']}",
+                               kind="sandbox_io")
+        self.staging.seal(ws, step="read-only")
+        return {p: "a link into a folder the harness never saw, replaced by an empty file before the verifier ran"
+                for p in resp.get("swept", [])}
+
+    def _outputs(self, sandbox: Sandbox, phase: Phase, staged: list[Path], result: PhaseResult, cancel) -> None:
+        """Read ``phase.outputs``: under a writable phase mount from the host's side of the bind, refusing a link or
+        anything but a regular file (every process of the phase is dead by now); elsewhere through init."""
+        stages = {m.target: stage for m, stage in zip(phase.mounts, staged) if m.writable}
+        for out in phase.outputs:
+            target = next((t for t in stages if out.startswith(t.rstrip("/") + "/")), None)
+            if target is None:
+                data = self._read(sandbox, out, cancel)
+            else:
+                try:
+                    data = read_regular(stages[target], out[len(target.rstrip("/")) + 1:], OUTPUT_LIMIT)
+                except NotRegular as exc:
+                    result.refused[out] = str(exc)
+                    continue
+            if data is not None:
+                result.outputs[out] = data
+
+    def _writable_mounts(self, sandbox: Sandbox):
+        return [m for ph in sandbox.spec.phases if ph.clean for m in ph.mounts if m.writable]
 
     def exec(self, sandbox: Sandbox, argv: list[str], *, timeout_s: float = 60.0,
              env: dict[str, str] | None = None) -> PhaseResult:
@@ -140,7 +183,7 @@ class LocalBackend:
         if ctl is not None:
             ctl.close()
             st["ctl"] = None
-        shutil.rmtree(st["dir"], ignore_errors=True)
+        self.staging.remove(Path(st["dir"]))
 
     def reap(self, *, run_id: str | None = None) -> list[str]:
         """Remove sandboxes whose orchestrator is gone (or all of ``run_id``'s), killing what still runs."""

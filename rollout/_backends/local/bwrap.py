@@ -18,6 +18,9 @@ ETC_FILES = ("alternatives", "ssl", "ca-certificates", "ld.so.cache", "ld.so.con
              "magic", "magic.mime", "gai.conf", "host.conf")
 OWN_ETC_FILES = ("passwd", "group", "hosts")                  # written per sandbox by staging
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+VERIFIER_DIR = "/tmp/openforge-verifier"       # made fresh by sandbox_init for each clean phase (the verifier)
+VERIFIER_HOME = f"{VERIFIER_DIR}/home"
+VERIFIER_TMP = f"{VERIFIER_DIR}/tmp"
 
 
 class Bind(NamedTuple):
@@ -36,8 +39,10 @@ def command(bwrap: str, python: str, *, etc: Path, binds: list[Bind], workdir: s
             proxy_socket: Path | None, proxy_port: int) -> list[str]:
     """The bubblewrap argv: system folders, then ``binds`` in order, then ``sandbox_init`` on ``ctl_fd``, relaying
     ``127.0.0.1:proxy_port`` inside to ``proxy_socket`` when there is one. Mount order matters (a later mount covers
-    an earlier one): ``/run`` is a tmpfs before the proxy socket is bound into it."""
-    a = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+    an earlier one): ``/run`` is a tmpfs before the proxy socket is bound into it. ``sandbox_init`` is the pid
+    namespace's pid 1 (``--as-pid-1``: no bubblewrap reaper above it), and the root folder is remounted read-only
+    last, so nothing can be added to ``/`` or ``/etc`` (``/etc/ld.so.preload``) or replace a mount point."""
+    a = [bwrap, "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox",
          "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--clearenv",
          "--ro-bind", "/usr", "/usr"]
     for link in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
@@ -53,7 +58,7 @@ def command(bwrap: str, python: str, *, etc: Path, binds: list[Bind], workdir: s
         a += ["--bind" if b.writable else "--ro-bind", str(b.source), b.target]
     if proxy_socket is not None:
         a += ["--ro-bind", str(proxy_socket), PROXY_SOCKET]
-    a += ["--chdir", workdir, "--setenv", "PATH", BASE_PATH, "--setenv", "HOME", SANDBOX_HOME]
+    a += ["--remount-ro", "/", "--chdir", workdir, "--setenv", "PATH", BASE_PATH, "--setenv", "HOME", SANDBOX_HOME]
     a += ["--", python, "-I", "-S", INIT_PATH, "--ctl-fd", str(ctl_fd), "--fsize-mb", str(storage_mb)]
     if proxy_socket is not None:
         a += ["--bridge-port", str(proxy_port), "--bridge-socket", PROXY_SOCKET]
@@ -61,7 +66,8 @@ def command(bwrap: str, python: str, *, etc: Path, binds: list[Bind], workdir: s
 
 
 def phase_env(workdir: str, extra: dict[str, str]) -> dict[str, str]:
-    """The environment every phase starts from (``--clearenv`` left nothing), then the phase's own ``extra``."""
+    """The environment every phase but a clean one starts from (``--clearenv`` left nothing), then the phase's own
+    ``extra``; a clean phase gets ``base.verifier_env`` instead."""
     env = {"PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "agent", "LOGNAME": "agent", "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "OPENFORGE_WORKSPACE": workdir, "OPENFORGE_TESTS": "/tests",
            "OPENFORGE_SOLUTION": "/solution", "OPENFORGE_ENVIRONMENT": "/environment",

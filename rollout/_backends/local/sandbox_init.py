@@ -1,12 +1,17 @@
 """The process that lives inside each local sandbox (stdlib only: it runs under the sandbox's own python3).
 
+It is the sandbox's pid 1 (``bwrap --as-pid-1``) and not dumpable, so nothing the harness runs (same uid) can kill,
+stop or ptrace it, nor read its ``/proc/1`` files: a signal from inside the namespace reaches pid 1 only through a
+handler, and it installs none (``kill -9 -1`` skips it). As pid 1 it reaps every orphan of the namespace.
+
 It does two jobs:
 
 - **control**: it reads newline-delimited JSON requests from an inherited socket (fd ``--ctl-fd``; no path exists
   inside the sandbox, so nothing the harness runs can reach it) and runs phases: foreground commands with a deadline,
-  background services with a readiness port, file reads and writes. After every foreground phase it kills every
-  process in the sandbox except itself and the services, so nothing a harness leaves running can touch the
-  verifier's work.
+  background services with a readiness port, file reads and writes. After every foreground phase it stops and kills
+  every process in the sandbox except itself and the services until none is left (``kill_strays``), so nothing a
+  harness leaves running can touch the verifier's work. A ``clean`` phase (the verifier) starts only when that
+  holds, in a HOME and TMPDIR made fresh for it.
 - **bridge**: it listens on ``127.0.0.1:--bridge-port`` inside the sandbox's private network namespace and relays
   each connection to the proxy's Unix socket (``--bridge-socket``), the sandbox's only way out.
 """
@@ -14,6 +19,7 @@ It does two jobs:
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import os
 import resource
@@ -27,6 +33,8 @@ import time
 import types
 
 TAIL_BYTES = 256 * 1024
+KILL_CAP_S = 10.0            # how long kill_strays keeps at it before it reports survivors
+PR_SET_DUMPABLE = 4
 
 
 def _relay_thread(port: int, socket_path: str) -> threading.Thread:
@@ -80,6 +88,8 @@ class Init:
         self.services: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
         self.lock = threading.Lock()
+        self.spawn_lock = threading.Lock()      # held from fork to ``tracked``: the reaper never takes a Popen's child
+        self.tracked: set[int] = set()
 
     def send(self, msg: dict) -> None:
         data = (json.dumps(msg) + "\n").encode()
@@ -87,18 +97,39 @@ class Init:
             self.ctl.sendall(data)
 
     # --- processes -------------------------------------------------------------------------------------------
+    def spawn(self, argv: list[str], **kw) -> subprocess.Popen:
+        with self.spawn_lock:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+            self.tracked.add(proc.pid)
+        return proc
+
+    def reap_orphans(self) -> None:
+        """Collect the exit status of zombies that are not a Popen's: pid 1 inherits every orphan."""
+        with self.spawn_lock:
+            for pid, (ppid, state) in _procs().items():
+                if ppid == os.getpid() and state == "Z" and pid not in self.tracked:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
+    def reaper(self) -> None:
+        while True:
+            time.sleep(1.0)
+            self.reap_orphans()
+
     def _keep(self) -> set[int]:
-        """init, the namespace's pid 1, the services and every descendant of a service."""
+        """init and the services with every descendant of a service."""
         tree = {p.pid for p in self.services.values() if p.poll() is None}
-        parents = _parents()
+        procs = _procs()
         grew = True
         while grew:
             grew = False
-            for pid, ppid in parents.items():
+            for pid, (ppid, _) in procs.items():
                 if ppid in tree and pid not in tree:
                     tree.add(pid)
                     grew = True
-        return tree | {os.getpid(), 1}
+        return tree | {os.getpid()}
 
     def _alive(self, name: str, proc: subprocess.Popen) -> bool:
         """Running and, if it has a port, still accepting: a process killed a moment ago may not be reaped yet."""
@@ -113,30 +144,50 @@ class Init:
         except OSError:
             return proc.poll() is None and _wait_exit(proc, 0.5)
 
-    def kill_strays(self) -> int:
-        """SIGKILL everything in the sandbox's pid namespace that is not init or a service; returns how many."""
-        n = 0
-        for _ in range(5):
+    def kill_strays(self) -> tuple[int, list[str]]:
+        """Kill every process in the namespace but init and the services' trees, until none is left or KILL_CAP_S
+        passed; returns how many were killed and who survived. Each round first stops everything with
+        ``kill(-1, SIGSTOP)``, which the kernel makes atomic against fork, so a fork bomb cannot outrun it; the
+        services (stopped too, for a moment) are continued at the end, also when the harness had stopped them."""
+        deadline = time.monotonic() + KILL_CAP_S
+        killed: set[int] = set()
+        while True:
+            try:
+                os.kill(-1, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass                                 # nothing but init is left
             keep = self._keep()
-            victims = [pid for pid in _parents() if pid not in keep]
-            if not victims:
+            victims = [pid for pid in _procs() if pid not in keep]
+            if not victims or time.monotonic() > deadline:
                 break
             for pid in victims:
                 try:
                     os.kill(pid, signal.SIGKILL)
-                    n += 1
+                    killed.add(pid)
                 except ProcessLookupError:
                     pass
-            _reap_children()
-            time.sleep(0.01)
-        return n
+            time.sleep(0.002)
+            self.reap_orphans()
+        for pid in keep - {os.getpid()}:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        return len(killed), [_describe(pid) for pid in victims]
 
     def run(self, req: dict) -> dict:
+        env = req.get("env") or {}
+        if req.get("clean"):
+            # The verifier: only once nothing of the harness runs, in a HOME and TMPDIR made for it now.
+            killed, left = self.kill_strays()
+            if left:
+                return {"exit_code": None, "timed_out": False, "duration_s": 0.0, "strays_left": left,
+                        "stdout": "", "stderr": _b64(b"not started: processes still running: " + str(left).encode())}
+            _fresh_folder(req["clean"], env)
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+            proc = self.spawn(req["argv"], env=env, cwd=req.get("cwd") or None, stdout=out, stderr=err)
         except OSError as exc:
             return {"exit_code": 127, "timed_out": False, "duration_s": 0.0, "stdout": "",
                     "stderr": _b64(f"could not start {req['argv'][0]!r}: {exc}\n".encode())}
@@ -148,19 +199,34 @@ class Init:
             _killpg(proc.pid)
             proc.wait()
             code = None
+        finally:
+            self.tracked.discard(proc.pid)
         duration = time.monotonic() - t0
-        _killpg(proc.pid)
-        killed = self.kill_strays()
+        killed, left = self.kill_strays()
         alive = {name: self._alive(name, p) for name, p in self.services.items()}
         return {"exit_code": code, "timed_out": timed_out, "duration_s": duration, "strays_killed": killed,
-                "services": alive,
-                "stdout": _b64(_tail(out)), "stderr": _b64(_tail(err))}
+                "strays_left": left, "services": alive, "stdout": _b64(_tail(out)), "stderr": _b64(_tail(err))}
+
+    def sweep(self, req: dict) -> dict:
+        """Replace each link under ``root`` that resolves into one of ``into`` (folders the harness never saw:
+        the tests, the reward folder) by an empty file: run once the harness is dead, so a naive verifier that
+        opens ``answer.txt`` reads what the harness wrote, never the task's own expectations."""
+        into = [p.rstrip("/") for p in req["into"]]
+        swept = []
+        for top, dirs, files in os.walk(req["root"]):
+            for path in (os.path.join(top, name) for name in dirs + files):
+                real = os.path.realpath(path)
+                if os.path.islink(path) and any(real == p or real.startswith(p + "/") for p in into):
+                    os.unlink(path)
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                    swept.append(path)
+        return {"swept": swept}
 
     def start(self, req: dict) -> dict:
         name = req["name"]
         log = open(f"/tmp/.service-{name}.log", "wb")
-        proc = subprocess.Popen(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = self.spawn(req["argv"], env=req.get("env") or {}, cwd=req.get("cwd") or None, stdout=log,
+                          stderr=subprocess.STDOUT)
         self.services[name] = proc
         if req.get("ready_port"):
             self.ports[name] = int(req["ready_port"])
@@ -183,6 +249,8 @@ class Init:
             return self.run(req)
         if op == "start":
             return self.start(req)
+        if op == "sweep":
+            return self.sweep(req)
         if op == "write":
             path = req["path"]
             os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
@@ -221,17 +289,39 @@ class Init:
                 self.send(resp)
 
 
-def _parents() -> dict[int, int]:
+def _procs() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process in the namespace."""
     out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
                     stat = f.read()
-                out[int(name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+                fields = stat[stat.rindex(b")") + 2:].split()
+                out[int(name)] = (int(fields[1]), fields[0].decode())
             except (OSError, ValueError, IndexError):
                 pass
     return out
+
+
+def _describe(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return f"{pid} ({stat[stat.index('(') + 1:stat.rindex(')')]}) state {stat[stat.rindex(')') + 2]}"
+    except (OSError, ValueError, IndexError):
+        return f"{pid} (gone)"
+
+
+def _fresh_folder(path: str, env: dict) -> None:
+    """Make ``path`` a new empty folder holding the phase's HOME and TMPDIR (``env`` names them): whatever the
+    harness left at that path is moved aside first, never reused."""
+    if os.path.lexists(path):
+        os.rename(path, os.path.join(tempfile.mkdtemp(prefix=".left-by-harness-", dir=os.path.dirname(path)), "x"))
+    os.mkdir(path, 0o700)
+    for key in ("HOME", "TMPDIR"):
+        if env.get(key, "").startswith(path + "/"):
+            os.makedirs(env[key], 0o700, exist_ok=True)
 
 
 def _wait_exit(proc: subprocess.Popen, seconds: float) -> bool:
@@ -241,14 +331,6 @@ def _wait_exit(proc: subprocess.Popen, seconds: float) -> bool:
         return False
     except subprocess.TimeoutExpired:
         return True
-
-
-def _reap_children() -> None:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
 
 
 def _killpg(pid: int) -> None:
@@ -292,7 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.bridge_port and args.bridge_socket:
         _relay_thread(args.bridge_port, args.bridge_socket)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    Init(ctl).serve()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)      # no handler: pid 1 then ignores it from inside
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    init = Init(ctl)
+    threading.Thread(target=init.reaper, daemon=True, name="reaper").start()
+    init.serve()
     return 0
 
 

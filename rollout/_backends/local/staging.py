@@ -8,9 +8,11 @@ read a file: a file the task made private stays unreadable inside, as it would b
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import threading
 from pathlib import Path
 
@@ -58,11 +60,13 @@ class Staging:
         return etc, binds
 
     def fill(self, d: Path, spec: SandboxSpec, phase: Phase) -> list[Path]:
-        """Fill this phase's staging folders; they were bind-mounted (empty) when the sandbox was created."""
+        """Fill this phase's staging folders; they were bind-mounted (empty) when the sandbox was created. Each is
+        emptied first: when the host is not root the sandbox user owns a writable one and may have written there."""
         staged = []
         targets = {m.target: i for i, m in enumerate(phase_mounts(spec))}
         for m in phase.mounts:
             stage = d / "stage" / str(targets[m.target])
+            _empty(stage)
             if m.source is not None and Path(m.source).is_dir():
                 shutil.copytree(m.source, stage, symlinks=True, dirs_exist_ok=True)
                 if self.run_as is not None and not m.writable:
@@ -77,10 +81,45 @@ class Staging:
         for stage in staged:
             if not stage.exists():
                 continue
-            for p in stage.iterdir():
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            _empty(stage)
             if self.run_as is not None:
                 os.chown(stage, 0, 0)
+
+    def seal(self, ws: Path, *, step: str) -> None:
+        """The workspace as the harness left it, made fit for the verifier once every harness process is dead.
+
+        ``step="open"``: every folder enterable and writable by its owner (the sandbox user), whatever modes the
+        harness set (``chmod 000``), so ``sandbox_init`` can sweep it. ``step="read-only"``: as root, everything is
+        given to root, readable and not writable by others (the sandbox user); not as root the sandbox user owns
+        every file (one uid is all an unprivileged user namespace maps), so write bits are removed but it could put
+        them back: read-only is then a convention, not enforced. Walks by folder descriptor (``os.fwalk``) and never
+        chmods a link: nothing here follows a path the sandbox could have swapped."""
+        if step == "open":
+            _enterable(ws)
+            return
+        root = self.run_as is not None
+
+        def fix(name: str, dir_fd: int | None) -> None:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if root:
+                os.chown(name, 0, 0, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                return
+            keep = 0o755 if root else 0o555              # drops set-id bits and every write bit but root's
+            add = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444
+            os.chmod(name, (stat.S_IMODE(st.st_mode) | add) & keep, dir_fd=dir_fd)
+
+        fix(str(ws), None)
+        for _, dirs, files, dfd in os.fwalk(ws, follow_symlinks=False):
+            for name in dirs + files:
+                fix(name, dfd)
+
+    def remove(self, d: Path) -> None:
+        """Remove sandbox folder ``d``; not as root, first make enterable what the sandbox user (who owns it all
+        then) made private or the seal made read-only."""
+        if self.run_as is None and d.exists():
+            _enterable(d)
+        shutil.rmtree(d, ignore_errors=True)
 
     def own(self, path: Path) -> None:
         """Give ``path`` (and all below it) to the sandbox user, so the harness may write there."""
@@ -135,6 +174,62 @@ def _identity(etc: Path) -> None:
                                 f"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
     (etc / "group").write_text(f"root:x:0:\nagent:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
     (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+
+
+class NotRegular(Exception):
+    """An output that is there but is not a regular file (a link, a folder, a fifo...) or is too large."""
+
+
+def read_regular(folder: Path, rel: str, limit: int) -> bytes | None:
+    """``rel`` under host ``folder``, every component opened without following a link; None when absent."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        *parents, name = rel.split("/")
+        for part in parents:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise NotRegular(f"{part} is a link or not a folder ({exc.strerror})") from None
+            os.close(fd)
+            fd = nfd
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise NotRegular("a symbolic link" if exc.errno == errno.ELOOP else exc.strerror) from None
+        with os.fdopen(f, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise NotRegular(f"not a regular file (mode {stat.filemode(st.st_mode)})")
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise NotRegular(f"larger than {limit} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _empty(folder: Path) -> None:
+    """Remove everything in ``folder`` whatever modes its folders have (the sandbox user may have set 000)."""
+    for p in folder.iterdir() if folder.exists() else []:
+        if p.is_dir() and not p.is_symlink():
+            _enterable(p)
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _enterable(top: Path) -> None:
+    """Every folder from ``top`` down enterable and writable by its owner, set before the walk enters it."""
+    os.chmod(top, stat.S_IMODE(os.lstat(top).st_mode) | 0o700)
+    for _, dirs, _, dfd in os.fwalk(top, follow_symlinks=False):
+        for name in dirs:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                os.chmod(name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=dfd)
 
 
 def phase_mounts(spec: SandboxSpec) -> list[Mount]:
