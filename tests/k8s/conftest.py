@@ -48,7 +48,7 @@ def make_spec(task_dir: Path, rollout_id: str = "r-0001", run_id: str = "run-1",
               env={"OPENAI_API_KEY": TOKEN, "OPENAI_BASE_URL": "http://openforge-proxy.openforge.svc:8000/v1",
                    "AUTH_HEADER": f"Bearer {TOKEN}", "LITERAL": "$(NOT_A_VAR) costs $5"},
               files=(("/home/openforge/.config/agent.toml", f'api_key = "{TOKEN}"\n'.encode(), 0o600),)),
-        Phase("verifier", ("/bin/sh", "/tests/test.sh"), timeout_s=120,
+        Phase("verifier", ("/bin/sh", "/tests/test.sh"), timeout_s=120, clean=True,
               mounts=(Mount(task_dir / "tests", "/tests"), Mount(None, "/logs/verifier", writable=True)),
               outputs=(REWARD,)),
     ]

@@ -59,7 +59,7 @@ def _spec(tmp_path, argv, rollout_id=None):
         rollout_id=rollout_id or f"it-{uuid.uuid4().hex[:8]}", run_id="k8s-cluster-test", group_id="g", task_id="t",
         workspace_seed=ws, environment_dir=None, proxy_token="secret-token",
         phases=(Phase("harness", ("/bin/sh", "-c", argv), timeout_s=60, env={"OPENAI_API_KEY": "secret-token"}),
-                Phase("verifier", ("/bin/sh", "/tests/test.sh"), timeout_s=60,
+                Phase("verifier", ("/bin/sh", "/tests/test.sh"), timeout_s=60, clean=True,
                       mounts=(Mount(tests, "/tests"),), outputs=(REWARD,))))
 
 

@@ -149,15 +149,24 @@ class KubernetesBackend:
             wrapped = parse_message(term.get("message") or "")
         except ResultError as exc:
             wrapped, note = None, str(exc)
-        if self.cfg.phase_log_bytes or (wrapped and wrapped.overflow):
-            text = self._log(sandbox, cname, self.cfg.phase_log_bytes or None)
-            own, overflowed = split_log(text)
-            stdout = own.encode()
-            if wrapped and wrapped.overflow:
-                if overflowed is None:
-                    raise SandboxError(f"container {cname}: the result overflowed the termination message but its "
-                                       f"log has no copy; raise phase_log_bytes", kind="sandbox_lost")
-                wrapped = overflowed
+        if self.cfg.phase_log_bytes:
+            text = self._log(sandbox, cname, self.cfg.phase_log_bytes)
+            try:
+                stdout = split_log(text)[0].encode()
+            except ResultError:          # the head of the log holds a start marker and no end: print it as it is
+                stdout = text.encode()
+        if wrapped and wrapped.overflow:
+            # Only the log's last line: the wrapper prints the result there after ARGV (in the verifier, after every
+            # process ARGV started) ended, so nothing ARGV printed, however long, can stand in for it.
+            try:
+                _, overflowed = split_log(self._log(sandbox, cname, tail_lines=1))
+            except ResultError as exc:
+                raise SandboxError(f"container {cname}: {exc}", kind="sandbox_lost") from None
+            if overflowed is None:
+                raise SandboxError(f"container {cname}: the result overflowed the termination message but the last "
+                                   f"line of its log holds no copy (the container was killed while printing it)",
+                                   kind="sandbox_lost")
+            wrapped = overflowed
         if term.get("reason") == "OOMKilled":
             note = f"container {cname} was OOM-killed (memory limit {sandbox.spec.resources.memory_mb} MiB). " + note
         if wrapped is None:
@@ -173,8 +182,10 @@ class KubernetesBackend:
         self._delete("pods", self.api.core.delete_namespaced_pod, sandbox.backend_state["pod"])
 
     # --- reading
-    def _log(self, sandbox: Sandbox, container: str, limit: int | None = None) -> str:
+    def _log(self, sandbox: Sandbox, container: str, limit: int | None = None, tail_lines: int | None = None) -> str:
         kwargs = {"limit_bytes": limit} if limit else {}
+        if tail_lines:
+            kwargs["tail_lines"] = tail_lines
         try:
             return self.api.call("get", "pods/log", self.api.core.read_namespaced_pod_log, sandbox.backend_state["pod"],
                                  self.cfg.namespace, container=container, raw=True, **kwargs)

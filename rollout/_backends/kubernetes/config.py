@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MANAGED_BY = "openforge"
 
@@ -44,7 +44,8 @@ class KubernetesConfig(BaseModel):
     image_digests: dict[str, str] = {}              # image ref -> sha256:...; pinned in manifests
     image_provides: list[str] = []                  # sandbox paths the image already has (not shipped)
     read_only_root_fs: bool = False
-    run_as_user: int = Field(default=1000, ge=1)
+    run_as_user: int = Field(default=1000, ge=1)            # harness, services, seed
+    verifier_run_as_user: int = Field(default=1001, ge=1)   # the verifier alone (uid and gid)
     qps: float = Field(default=50.0, gt=0)          # client-side token bucket (requests per second)
     burst: int = Field(default=100, ge=1)
     max_retries: int = Field(default=6, ge=0)       # 429 / 5xx / connection errors
@@ -68,6 +69,14 @@ class KubernetesConfig(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http(s) URL such as http://openforge-proxy.openforge.svc:8000")
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _verifier_apart(self) -> KubernetesConfig:
+        if self.verifier_run_as_user == self.run_as_user:
+            raise ValueError(f"verifier_run_as_user={self.verifier_run_as_user} equals run_as_user: the verifier "
+                             f"must run as another uid than the harness, so nothing the harness owns is its own; "
+                             f"pick two different uids (defaults 1000 and 1001)")
+        return self
 
     @property
     def proxy_port(self) -> int:

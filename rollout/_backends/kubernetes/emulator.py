@@ -69,6 +69,9 @@ class _Handler(kmock.KubernetesEmulator):
             meta.setdefault("creationTimestamp", _now())
         if request.subresource == "log":
             text = self.pod_logs.get((request.name, request.params.get("container")), "")
+            tail = int(request.params.get("tailLines") or 0)
+            if tail:
+                text = "".join(text.splitlines(keepends=True)[-tail:])
             limit = int(request.params.get("limitBytes") or 0)
             return aiohttp.web.Response(text=text[:limit] if limit else text)
         return await super()._handle(request)

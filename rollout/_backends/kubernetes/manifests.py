@@ -3,7 +3,8 @@
 Pure functions of the ``SandboxSpec`` and ``KubernetesConfig``: no API calls, so every manifest validates offline.
 Phases map onto one pod in declared order: a seed init container fills the workspace emptyDir; background phases
 become native sidecars (init containers with ``restartPolicy: Always``, k8s >= 1.29, ``startupProbe`` on
-``ready_port``); every other phase but the last becomes an init container; the last is the main container.
+``ready_port``); every other phase but the last becomes an init container; the last, the verifier, is the main
+container, kept apart from everything the harness could touch (``verifier``'s docstring says how).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..base import ENVIRONMENT_DIR, Phase, SandboxError, SandboxSpec
+from ..base import ENVIRONMENT_DIR, VERIFIER_LOGS, Phase, SandboxError, SandboxSpec
+from . import verifier
 from .config import MANAGED_BY, KubernetesConfig
 from .results import FILES_DIR, PHASE_SCRIPT, message_limit
 
@@ -197,8 +199,12 @@ class _Builder:
                 cname = dns_name("p", f"{phase.name}-{i}")
             used.add(cname)
             kind = "sidecar" if phase.background else ("main" if phase is foreground[-1] else "init")
+            if kind != "main" and (phase.clean or any(m.target == VERIFIER_LOGS for m in phase.mounts)):
+                raise SandboxError(f"phase {phase.name!r} is a verifier (clean, or it mounts {VERIFIER_LOGS}) but "
+                                   f"not the last foreground phase: only the pod's main container runs after every "
+                                   f"harness container exited; declare the verifier last", kind="spec_invalid")
             containers[phase.name] = (cname, kind)
-            container = self.phase_container(i, phase, cname, shared)
+            container = self.phase_container(i, phase, cname, shared, isolated=kind == "main")
             if kind == "main":
                 main = container
             else:
@@ -218,20 +224,23 @@ class _Builder:
         env = [{"name": "OPENFORGE_PROXY_URL", "value": _literal(self.cfg.proxy_url)}]
         if token:
             env.append({"name": TOKEN_ENV, "valueFrom": self.secret_ref(TOKEN_KEY)})
-        for k, v in phase.env.items():
-            if token and v == token:
-                env.append({"name": k, "valueFrom": self.secret_ref(TOKEN_KEY)})
-            elif token and token in v:
-                key = f"env-{i}-{re.sub(r'[^A-Za-z0-9._-]', '_', k)}"
-                self.secret_data[key] = _b64(v.encode())
-                env.append({"name": k, "valueFrom": self.secret_ref(key)})
-            else:
-                env.append({"name": k, "value": _literal(v)})
+        env += [self.env_entry(i, k, v) for k, v in phase.env.items()]
         if "HOME" not in phase.env:
             env.append({"name": "HOME", "value": HOME})
         return env
 
-    def phase_container(self, i: int, phase: Phase, cname: str, shared: list[dict]) -> dict:
+    def env_entry(self, i: int, k: str, v: str) -> dict:
+        token = self.token
+        if token and v == token:
+            return {"name": k, "valueFrom": self.secret_ref(TOKEN_KEY)}
+        if token and token in v:
+            key = f"env-{i}-{re.sub(r'[^A-Za-z0-9._-]', '_', k)}"
+            self.secret_data[key] = _b64(v.encode())
+            return {"name": k, "valueFrom": self.secret_ref(key)}
+        return {"name": k, "value": _literal(v)}
+
+    def phase_container(self, i: int, phase: Phase, cname: str, shared: list[dict], *, isolated: bool) -> dict:
+        """``isolated``: the verifier (the main container), run as ``verifier`` says."""
         spec, cfg = self.spec, self.cfg
         for path in phase.outputs:
             if any(c in path for c in '"\\\n\t') or not path.startswith("/"):
@@ -243,7 +252,13 @@ class _Builder:
             self.secret_data[key] = _b64(blob)
             items.append({"key": key, "path": key})
             file_lines.append(f"{key}\t{mode & 0o7777:o}\t{path}")
-        env = self.phase_env(i, phase) + [
+        if isolated:
+            clean = verifier.environment(spec.workdir, phase.env)
+            env = [self.env_entry(i, k, v) for k, v in clean.items()] + [
+                {"name": "OPENFORGE_CLEAN_ENV", "value": "\n".join(clean)}]
+        else:
+            env = self.phase_env(i, phase)
+        env += [
             {"name": "OPENFORGE_MODE", "value": "service" if phase.background else "phase"},
             {"name": "OPENFORGE_FILES", "value": _literal("\n".join(file_lines))},
             {"name": "OPENFORGE_OUTPUTS", "value": _literal("\n".join(phase.outputs))},
@@ -251,12 +266,14 @@ class _Builder:
             {"name": "OPENFORGE_MESSAGE_MAX", "value": str(message_limit(1 + len(spec.phases)))}]
         mounts = [*self.common_mounts, *shared]
         home = phase.env.get("HOME", HOME)
-        if home not in ("/tmp", spec.workdir):
+        if home not in ("/tmp", spec.workdir) and not isolated:
             mounts.append({"name": "home", "mountPath": home})
         if items:
             self.volumes.append({"name": f"files-{i}", "secret": {"secretName": self.name, "items": items}})
             mounts.append({"name": f"files-{i}", "mountPath": FILES_DIR, "readOnly": True})
         for j, mount in enumerate(phase.mounts):
+            if mount.source is None and isolated and mount.target == VERIFIER_LOGS:
+                continue                                   # the verifier's own reward folder: added below
             if mount.source is None:
                 # An empty folder of this phase only (the verifier's /logs/verifier): nested over the shared /logs,
                 # so nothing an earlier phase wrote there is visible to this one.
@@ -264,14 +281,19 @@ class _Builder:
                 mounts.append({"name": f"p{i}m{j}", "mountPath": mount.target})
                 continue
             mounts += self.ship(f"p{i}m{j}", mount.source, mount.target, f"phase {phase.name!r} mount {mount.source}")
+        if isolated:
+            mounts, volumes = verifier.mounts("workspace", spec.workdir, [m for m in mounts
+                                                                         if m not in self.common_mounts])
+            self.volumes += volumes
         args = [_literal(a) for a in phase.argv]
         if self.token:
             args = [a.replace(self.token, f"$({TOKEN_ENV})") for a in args]
         container = {
             "name": cname, "image": self.image,
             "command": ["/bin/sh", "-c", _literal(PHASE_SCRIPT), "openforge-phase"], "args": args,
-            "workingDir": phase.cwd or spec.workdir, "env": env, "volumeMounts": mounts,
-            "securityContext": _security(cfg), "terminationMessagePolicy": "File",
+            "workingDir": phase.cwd or (verifier.HOME if isolated else spec.workdir), "env": env,
+            "volumeMounts": mounts, "securityContext": verifier.security(cfg) if isolated else _security(cfg),
+            "terminationMessagePolicy": "File",
             "resources": (_resources(cfg.service_cpus, cfg.service_memory_mb) if phase.background else
                           _resources(spec.resources.cpus, spec.resources.memory_mb))}
         if phase.background:
@@ -286,6 +308,7 @@ class _Builder:
         backstop = int(sum(p.timeout_s for p in self.spec.phases if not p.background)) + cfg.deadline_backstop_s
         pod_spec = {
             "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "shareProcessNamespace": False,
             "terminationGracePeriodSeconds": 5, "activeDeadlineSeconds": max(1, backstop),
             "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
                                 "fsGroup": cfg.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},

@@ -12,6 +12,10 @@ in all). When the message would be longer, the wrapper writes ``"overflow": 1`` 
 object on stdout between ``OVERFLOW_BEGIN`` / ``OVERFLOW_END``; the backend then reads it back from the container's
 log (one extra GET through the API server, still no exec). Service phases (native sidecars) only copy files and
 ``exec`` ARGV.
+
+The verifier's container sets one more: ``OPENFORGE_CLEAN_ENV`` (newline-separated names) runs ARGV under
+``env -i`` with only those variables. An overflowed result is read back from the last line of the log only: whatever
+ARGV printed comes before it, however long.
 """
 
 from __future__ import annotations
@@ -39,6 +43,17 @@ if [ -n "${OPENFORGE_FILES:-}" ]; then
   done || exit 1
 fi
 [ "${OPENFORGE_MODE:-phase}" = service ] && exec "$@"
+if [ -n "${OPENFORGE_CLEAN_ENV:-}" ]; then
+  n=$#
+  set -f
+  for name in $OPENFORGE_CLEAN_ENV; do
+    case $name in ''|[0-9]*|*[!A-Za-z0-9_]*) echo "openforge: bad variable name '$name'" >&2; exit 1 ;; esac
+    eval "set -- \"\$@\" \"$name=\${$name-}\""
+  done
+  set +f
+  while [ "$n" -gt 0 ]; do set -- "$@" "$1"; shift; n=$((n - 1)); done
+  set -- env -i "$@"
+fi
 t0=$(date +%s)
 limit=${OPENFORGE_TIMEOUT_S:-0}
 if [ "$limit" -gt 0 ] && command -v timeout >/dev/null 2>&1; then
@@ -51,6 +66,7 @@ elapsed=$(( $(date +%s) - t0 ))
 to=0
 if [ "$limit" -gt 0 ] && [ "$rc" -ne 0 ] && [ "$elapsed" -ge "$limit" ]; then to=1; fi
 msg=${OPENFORGE_SCRATCH:-/tmp}/openforge-result.$$
+rm -f "$msg"
 {
   printf '{"v":1,"exit":%d,"timed_out":%d,"outputs":{' "$rc" "$to"
   sep=
