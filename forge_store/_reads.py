@@ -4,6 +4,7 @@ optionally pinned to a watermark. Functions over a connection; ``Store`` calls t
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Collection, Iterator, Sequence
 
@@ -14,6 +15,7 @@ from ._errors import NotFound, StoreError
 from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall
 from ._rewards import latest_rewards_query
 from ._tokens import bytes_to_ids, unpack_ids_raw, unpack_logprobs
+from ._write.db_apply import REFUSED_EVENT
 
 _calls = schema.Call.__table__
 _rollouts = schema.Rollout.__table__
@@ -22,6 +24,7 @@ _tools = schema.ToolSchema.__table__
 _rewards = schema.Reward.__table__
 _events = schema.Event.__table__
 _exclusions = schema.Exclusion.__table__
+log = logging.getLogger(__name__)
 
 
 def _rollout_info(row, as_of: int | None) -> RolloutInfo:
@@ -77,28 +80,64 @@ def _load_bodies(conn: sa.Connection, table: sa.Table, hashes: set[str]) -> dict
     return out
 
 
-def calls(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[StoredCall]:
-    """A rollout's calls in order (seq, then id), prompts and token ids resolved in full."""
-    q = sa.select(_calls).where(_calls.c.rollout_id == rollout_id)
-    if as_of is not None:
-        q = q.where(_calls.c.ingest_seq <= as_of)
-    rows = {r.id: r for r in conn.execute(q.order_by(_calls.c.seq, _calls.c.id))}
-    return resolve_calls(conn, rows)
+Damage = dict  # rollout id -> [{"call_id", "seq", "why"}, ...]: what a read could not give back, and why
+
+
+def calls(conn: sa.Connection, rollout_id: str, as_of: int | None = None,
+          damage: Damage | None = None) -> list[StoredCall]:
+    """A rollout's calls in order (seq, then id), prompts and token ids resolved in full. A call the store cannot
+    give back (refused by the database, or stored as a delta on what is missing) is left out and reported: into
+    ``damage`` when given (see :func:`calls_by_rollout`), else as a logged warning; the rest are returned."""
+    return calls_by_rollout(conn, [rollout_id], as_of, damage=damage)[rollout_id]
 
 
 def calls_by_rollout(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | None = None,
-                     chunk: int = 500) -> dict[str, list[StoredCall]]:
-    """``calls`` of many rollouts, one query per ``chunk`` of them; a rollout without calls maps to []."""
+                     chunk: int = 500, damage: Damage | None = None) -> dict[str, list[StoredCall]]:
+    """``calls`` of many rollouts, one query per ``chunk`` of them; a rollout without calls maps to [].
+
+    ``damage``, when given, is filled with rollout id -> the calls that could not be read, each ``{"call_id",
+    "seq", "why"}``: calls the database refused (the writer's ``call.refused`` events) and calls whose stored
+    delta cannot be resolved (their base or a message body is missing)."""
     ids = list(dict.fromkeys(rollout_ids))
     out: dict[str, list[StoredCall]] = {rid: [] for rid in ids}
+    found: Damage = defaultdict(list)
     for i in range(0, len(ids), chunk):
-        q = sa.select(_calls).where(_calls.c.rollout_id.in_(ids[i:i + chunk]))
+        part = ids[i:i + chunk]
+        q = sa.select(_calls).where(_calls.c.rollout_id.in_(part))
         if as_of is not None:
             q = q.where(_calls.c.ingest_seq <= as_of)
         rows = {r.id: r for r in conn.execute(q.order_by(_calls.c.rollout_id, _calls.c.seq, _calls.c.id))}
-        for c in resolve_calls(conn, rows):  # delta bases live in the same rollout, so in the same chunk
+        broken: dict[str, str] = {}
+        for c in resolve_calls(conn, rows, broken):  # delta bases live in the same rollout, so in the same chunk
             out[c.rollout_id].append(c)
+        for cid, why in broken.items():
+            found[rows[cid].rollout_id].append({"call_id": cid, "seq": rows[cid].seq, "why": why})
+        if damage is not None:
+            _refused(conn, part, as_of, found)
+    for rid, items in found.items():
+        items.sort(key=lambda d: (d["seq"] is None, d["seq"] or 0, d["call_id"]))
+        if damage is not None:
+            damage[rid] = items
+        else:
+            log.warning("rollout %s: %d call(s) cannot be read and are left out (first: %s: %s)", rid, len(items),
+                        items[0]["call_id"], items[0]["why"])
     return out
+
+
+def _refused(conn: sa.Connection, rollout_ids: list[str], as_of: int | None, found: Damage) -> None:
+    """The calls of ``rollout_ids`` the database refused, from the writer's ``call.refused`` events."""
+    q = sa.select(_events.c.rollout_id, _events.c.detail).where(
+        _events.c.kind == REFUSED_EVENT, _events.c.rollout_id.in_(rollout_ids))
+    if as_of is not None:
+        q = q.where(_events.c.ingest_seq <= as_of)
+    for rid, detail in conn.execute(q.order_by(_events.c.ingest_seq)):
+        detail = detail or {}
+        cid = detail.get("call_id")
+        if any(d["call_id"] == cid for d in found[rid]):
+            continue
+        found[rid].append({"call_id": cid, "seq": detail.get("seq"),
+                           "why": f"the database refused this call ({detail.get('error')}); it is kept in the "
+                                  f"journal's dead-letter folder as {detail.get('dead_letter')}"})
 
 
 def call(conn: sa.Connection, call_id: str) -> StoredCall:
@@ -109,42 +148,80 @@ def call(conn: sa.Connection, call_id: str) -> StoredCall:
     base = row.prompt_base_call_id or row.prompt_ids_base_call_id
     if base and row.rollout_id:  # bases live in the same rollout: resolve through it
         rows.update({r.id: r for r in conn.execute(sa.select(_calls).where(_calls.c.rollout_id == row.rollout_id))})
-    return next(c for c in resolve_calls(conn, rows) if c.id == call_id)
+    broken: dict[str, str] = {}
+    for c in resolve_calls(conn, rows, broken):
+        if c.id == call_id:
+            return c
+    raise StoreError(f"call {call_id} cannot be read: {broken[call_id]}")
 
 
-def resolve_calls(conn: sa.Connection, rows: dict) -> list[StoredCall]:
+class _Unreadable(Exception):
+    """A call whose stored delta cannot be resolved; the message says why."""
+
+
+def resolve_calls(conn: sa.Connection, rows: dict, broken: dict[str, str] | None = None) -> list[StoredCall]:
+    """``rows`` (call id -> row) with their prompt deltas resolved. A call that cannot be resolved is left out and
+    named in ``broken`` (call id -> why); without ``broken`` the first such call raises ``StoreError``."""
     prompts: dict[str, list[str]] = {}
     full_ids: dict[str, bytes | None] = {}
+    bad: dict[str, str] = {} if broken is None else broken
+
+    def check_base(base: str, what: str) -> None:
+        if base not in rows:
+            raise _Unreadable(f"its {what} is stored as a delta on call {base}, which is not in the store")
+        if base not in bad:
+            try:
+                prompt_of(base)
+                ids_of(base)
+            except _Unreadable as exc:
+                bad[base] = str(exc)
+        if base in bad:
+            raise _Unreadable(f"its {what} is stored as a delta on call {base}, which cannot be read")
 
     def prompt_of(cid: str) -> list[str]:
         if cid not in prompts:
-            r = _need(rows, cid)
-            base = prompt_of(r.prompt_base_call_id)[: r.prompt_base_len] if r.prompt_base_call_id else []
-            prompts[cid] = base + list(r.prompt_tail)
+            r = rows[cid]
+            head: list[str] = []
+            if r.prompt_base_call_id:
+                check_base(r.prompt_base_call_id, "prompt")
+                head = prompt_of(r.prompt_base_call_id)[: r.prompt_base_len]
+            prompts[cid] = head + list(r.prompt_tail)
         return prompts[cid]
 
     def ids_of(cid: str) -> bytes | None:  # prompt + completion, raw uint32
         if cid not in full_ids:
-            r = _need(rows, cid)
-            full_ids[cid] = None
+            r = rows[cid]
+            full = None
             if r.prompt_ids_tail is not None:
-                base = ids_of(r.prompt_ids_base_call_id)[: r.prompt_ids_prefix_len * 4] if r.prompt_ids_base_call_id else b""
+                base = b""
+                if r.prompt_ids_base_call_id:
+                    check_base(r.prompt_ids_base_call_id, "prompt token ids")
+                    base = (ids_of(r.prompt_ids_base_call_id) or b"")[: r.prompt_ids_prefix_len * 4]
                 prompt = base + unpack_ids_raw(r.prompt_ids_tail)
-                full_ids[cid] = prompt + (unpack_ids_raw(r.completion_ids) if r.completion_ids else b"")
+                full = prompt + (unpack_ids_raw(r.completion_ids) if r.completion_ids else b"")
+            full_ids[cid] = full
         return full_ids[cid]
 
     for cid in rows:
-        prompt_of(cid)
-        ids_of(cid)
-    wanted = {h for p in prompts.values() for h in p}
+        if cid in bad:
+            continue
+        try:
+            prompt_of(cid)
+            ids_of(cid)
+        except _Unreadable as exc:
+            bad[cid] = str(exc)
+    wanted = {h for cid, p in prompts.items() if cid not in bad for h in p}
     wanted |= {r.response_message_hash for r in rows.values() if r.response_message_hash}
     bodies = _load_bodies(conn, _messages, wanted)
     tools = _load_bodies(conn, _tools, {r.tool_schema_hash for r in rows.values() if r.tool_schema_hash})
     out = []
     for cid, r in rows.items():
+        if cid in bad:
+            continue
         missing = [h for h in prompts[cid] if h not in bodies]
         if missing:
-            raise StoreError(f"call {cid}: prompt message {missing[0]} is not in the messages table (store damaged)")
+            bad[cid] = f"prompt message {missing[0]} is not in the messages table"
+            continue
         full = full_ids[cid]
         prompt_ids = None
         if full is not None:
@@ -170,14 +247,10 @@ def resolve_calls(conn: sa.Connection, rows: dict) -> list[StoredCall]:
                 image_hashes=r.image_hashes, metadata=m["metadata"], ingest_seq=r.ingest_seq,
             )
         )
+    if broken is None and bad:
+        cid = next(iter(bad))
+        raise StoreError(f"call {cid} cannot be read: {bad[cid]} (store damaged)")
     return out
-
-
-def _need(rows: dict, cid: str):
-    try:
-        return rows[cid]
-    except KeyError:
-        raise StoreError(f"delta base call {cid!r} is missing from its rollout (store damaged)") from None
 
 
 def rewards(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> list[RewardInfo]:

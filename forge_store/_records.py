@@ -28,6 +28,9 @@ EXCLUSION_REASONS = (
     "missing_data",
     "evaluation",  # an evaluation rollout (run purpose "eval"): measured, never trained on
     "teacher",  # a teacher's demonstration (run purpose "teacher"): SFT data, never in a GRPO shard
+    "store_damaged",  # the store cannot give the call back (the database refused it, or its delta lost its base)
+    "logprob_mismatch",  # the call's logprobs are not one per completion token
+    "redacted",  # a call's text was redacted: its token ids still carry the secret (invariant 9)
 )
 
 REWARD_SOURCES = ("verifier", "judge", "human", "api")

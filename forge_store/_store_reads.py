@@ -43,14 +43,19 @@ class StoreReads:
         with self.engine.connect() as conn:
             yield from reads.iter_rollouts(conn, flt, as_of)
 
-    def calls(self, rollout_id: str, *, as_of: int | None = None) -> list[StoredCall]:
+    def calls(self, rollout_id: str, *, as_of: int | None = None, damage: dict | None = None) -> list[StoredCall]:
+        """A rollout's calls in order, prompts and token ids resolved. A call the store cannot give back (the
+        database refused it; or its stored delta lost its base) is left out, the rest are returned: ``damage``
+        (a dict) receives rollout id -> ``[{"call_id", "seq", "why"}]``; without it the damage is logged."""
         with self.engine.connect() as conn:
-            return reads.calls(conn, rollout_id, as_of)
+            return reads.calls(conn, rollout_id, as_of, damage)
 
-    def calls_by_rollout(self, rollout_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, list[StoredCall]]:
-        """``calls`` of many rollouts at once (rollout id -> its calls in order; [] for a rollout without calls)."""
+    def calls_by_rollout(self, rollout_ids: Sequence[str], *, as_of: int | None = None,
+                         damage: dict | None = None) -> dict[str, list[StoredCall]]:
+        """``calls`` of many rollouts at once (rollout id -> its calls in order; [] for a rollout without calls);
+        ``damage`` as for ``calls``."""
         with self.engine.connect() as conn:
-            return reads.calls_by_rollout(conn, rollout_ids, as_of)
+            return reads.calls_by_rollout(conn, rollout_ids, as_of, damage=damage)
 
     def call(self, call_id: str) -> StoredCall:
         with self.engine.connect() as conn:

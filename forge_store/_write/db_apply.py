@@ -7,14 +7,25 @@ rollout not yet finished), so the writer may re-apply any suffix of the journal 
 ``apply_ops`` turns a batch into SQL inside the caller's transaction; ``BatchApplier`` owns the transactions: it
 retries while the database is unreachable and dead-letters an operation the database refuses for good. Both
 writers' database sides (``thread_writer``'s thread, ``drain_process``) apply through it.
+
+A refused call must not take its rollout down with it. The encoder stored every later call of the rollout as a
+delta on it (it journaled them before the database said no), so ``BatchApplier`` repairs what it can, in the
+database side, where the refusal is known: it keeps the refused call's delta (in memory, and read back from the
+dead-letter folder when a writer starts) and re-anchors each later call that names it as a base onto the refused
+call's own base, moving the shared part of the refused call's prompt into the later call's tail (still a delta,
+not a full copy); it stores the refused call's message, tool and answer bodies (content-addressed, other calls
+name them) and an event ``call.refused`` (source ``store``; detail: call id, seq, error, dead-letter file) that
+readers report as damage (``Store.calls(..., damage=...)``). What cannot be repaired (a body the database refuses,
+a dead letter of an older writer) is reported by the reads as damage too, never as a failed read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -23,8 +34,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from .. import _schema as schema
 from .._errors import InvalidRecord
 from .._hashing import canonical_json, sha256_hex
-from .._tokens import compress_packed, pack_ids, pack_logprobs
-from .op_codec import pack_op
+from .._tokens import compress_packed, ids_to_bytes, pack_ids, pack_logprobs, text_to_raw, unpack_ids_raw
+from .op_codec import pack_op, unpack_op
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +64,7 @@ _messages = schema.Message.__table__
 _tool_schemas = schema.ToolSchema.__table__
 _rollouts = schema.Rollout.__table__
 
+REFUSED_EVENT = "call.refused"  # the event a refused call leaves in its rollout (kind; source "store")
 FINISH_FIELDS = ("outcome", "outcome_detail", "ended_at", "image_digest", "pod_name", "node_name")
 _LIMITS = {kind: schema.Limits(table) for kind, table in {**TABLES, "rollout_finish": _rollouts}.items()}
 
@@ -160,18 +172,116 @@ def _finish_rollouts(conn: sa.Connection, finishes: list[dict]) -> None:
         )
 
 
+def _ids_raw(tail: bytes | None) -> bytes:
+    """uint32 LE bytes of a journaled prompt-ids tail (``b"I"`` raw, ``b"Z"`` compressed, ``b"T"`` id text)."""
+    if tail is None:
+        return b""
+    return text_to_raw(bytes(tail[1:])) if tail[:1] == b"T" else unpack_ids_raw(bytes(tail))
+
+
+def _completion_raw(done) -> bytes:
+    if done is None:
+        return b""
+    return unpack_ids_raw(bytes(done)) if isinstance(done, (bytes, bytearray)) else ids_to_bytes(done)
+
+
+def reanchor(row: dict, refused: Mapping[str, dict]) -> dict | None:
+    """A call's row (journal form) with its prompt deltas moved off refused calls (``refused``: call id -> its
+    row); None when neither of its bases was refused. A prompt that shares ``k`` items with refused call R, whose
+    own prompt shares ``l`` with its base B, shares ``min(k, l)`` with B; R's tail up to ``k`` moves into the row's
+    tail (for ids: R's prompt tail + completion, which the row's prompt extends). InvalidRecord where R's ids cannot
+    be read back (what made R unstorable is then in this prompt too)."""
+    if row.get("prompt_base_call_id") not in refused and row.get("prompt_ids_base_call_id") not in refused:
+        return None
+    row = dict(row)
+    while row.get("prompt_base_call_id") in refused:
+        r, k = refused[row["prompt_base_call_id"]], row["prompt_base_len"]
+        base = r.get("prompt_base_call_id")
+        shared = r.get("prompt_base_len") or 0 if base else 0
+        row["prompt_base_call_id"], row["prompt_base_len"] = (base if min(k, shared) else None), min(k, shared)
+        if k > shared:
+            row["prompt_tail"] = list(r["prompt_tail"][:k - shared]) + list(row["prompt_tail"])
+    while row.get("prompt_ids_base_call_id") in refused:
+        r, k = refused[row["prompt_ids_base_call_id"]], row["prompt_ids_prefix_len"]
+        base = r.get("prompt_ids_base_call_id")
+        shared = r.get("prompt_ids_prefix_len") or 0 if base else 0
+        row["prompt_ids_base_call_id"], row["prompt_ids_prefix_len"] = (base if min(k, shared) else None), min(k, shared)
+        if k > shared:
+            past = _ids_raw(r.get("prompt_ids_tail")) + _completion_raw(r.get("completion_ids"))
+            if len(past) < (k - shared) * 4:
+                raise InvalidRecord(f"call {row.get('id')}: its prompt ids extend refused call {r.get('id')}, "
+                                    "whose ids are too short to re-anchor them")
+            row["prompt_ids_tail"] = b"I" + past[:(k - shared) * 4] + _ids_raw(row.get("prompt_ids_tail"))
+    return row
+
+
+def _salvage(op: dict) -> dict | None:
+    """The message, tool and answer bodies a refused call carried, as a ``msgs`` operation of their own."""
+    msgs = dict(op.get("msgs") or {})
+    answer = op.get("resp")
+    if isinstance(answer, dict):
+        try:
+            body = canonical_json(answer).decode()
+            msgs.setdefault(sha256_hex(body.encode()), (answer.get("role"), body))
+        except ValueError:
+            pass  # the answer itself is what cannot be stored: a later prompt holding it reads as damaged
+    if not msgs and not op.get("tools"):
+        return None
+    return {"k": "msgs", "msgs": msgs, **({"tools": op["tools"]} if op.get("tools") else {})}
+
+
+def _refusal(exc: BaseException) -> str:
+    """What the database said, short, without the statement or its parameters (they hold the data)."""
+    cause = getattr(exc, "orig", None) or exc
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
+
+
 class BatchApplier:
     """Applies batches of operations in one transaction each: while the database is unreachable it retries with
     back-off (``wait(delay)`` sleeps and says whether to go on); an operation the database rejects for good is
-    isolated by halving the batch and kept in ``dead_letter_dir``, so one bad row never blocks or drops the rest."""
+    isolated by halving the batch and kept in ``dead_letter_dir``, so one bad row never blocks or drops the rest.
+    A refused call is remembered (``max_refused`` of them, the newest dead letters on disk included) so the later
+    calls of its rollout are re-anchored past it (see the module docstring)."""
 
-    def __init__(self, dead_letter_dir: Path, retry_max_s: float):
-        self.dead_letter_dir, self.retry_max_s = dead_letter_dir, retry_max_s
+    def __init__(self, dead_letter_dir: Path, retry_max_s: float, max_refused: int = 4096):
+        self.dead_letter_dir, self.retry_max_s, self.max_refused = dead_letter_dir, retry_max_s, max_refused
         self.db_down_since: float | None = None
         self.dead_letters = 0
+        self.refused: OrderedDict[str, dict] = OrderedDict()
+        for path in sorted(dead_letter_dir.glob("*-call.msgpack"))[-max_refused:] if dead_letter_dir.is_dir() else ():
+            try:
+                row = unpack_op(path.read_bytes()).get("r") or {}
+            except (OSError, ValueError) as exc:
+                log.warning("dead letter %s cannot be read back (%s); calls based on it may read as damaged", path, exc)
+                continue
+            if row.get("id"):
+                self._remember(row)
+
+    def _remember(self, row: dict) -> None:
+        self.refused[row["id"]] = row
+        self.refused.move_to_end(row["id"])
+        while len(self.refused) > self.max_refused:
+            self.refused.popitem(last=False)
+
+    def _reanchored(self, op: dict) -> dict:
+        if op.get("k") != "call" or not self.refused:
+            return op
+        row = reanchor(op["r"], self.refused)
+        return op if row is None else {**op, "r": row}
 
     def apply(self, engine: sa.Engine, ops: list[dict], wait: Callable[[float], bool]) -> bool:
         """True once ``ops`` are in the database (or dead-lettered); False if ``wait`` said to give up."""
+        try:
+            ops = [self._reanchored(op) for op in ops]
+            return self._commit(engine, ops, wait)
+        except (sa.exc.DBAPIError, InvalidRecord) as exc:  # the database refused it, or a value cannot be stored
+            if len(ops) == 1:
+                return self._dead_letter(engine, ops[0], exc, wait)
+            mid = len(ops) // 2  # find the poison operation, keep the rest
+            return self.apply(engine, ops[:mid], wait) and self.apply(engine, ops[mid:], wait)
+
+    def _commit(self, engine: sa.Engine, ops: list[dict], wait: Callable[[float], bool]) -> bool:
+        """``ops`` in one transaction, retried while the database is away; raises what the database refuses."""
         delay = 0.05
         while True:
             try:
@@ -190,17 +300,31 @@ class BatchApplier:
                 if not wait(delay):
                     return False
                 delay = min(delay * 2, self.retry_max_s)
-            except (sa.exc.DBAPIError, InvalidRecord):  # the database refused it, or a value cannot be stored
-                if len(ops) == 1:
-                    self._dead_letter(ops[0])
-                    return True
-                mid = len(ops) // 2  # find the poison operation, keep the rest
-                return self.apply(engine, ops[:mid], wait) and self.apply(engine, ops[mid:], wait)
 
-    def _dead_letter(self, op: dict) -> None:
-        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it."""
+    def _dead_letter(self, engine: sa.Engine, op: dict, exc: BaseException, wait: Callable[[float], bool]) -> bool:
+        """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it. For a
+        call, also remember it (re-anchoring) and store what can be stored: its bodies and a ``call.refused``
+        event."""
         self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
         path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
         path.write_bytes(pack_op(op))
         self.dead_letters += 1
-        log.error("database rejected a %s write; kept in %s for inspection", op.get("k"), path)
+        log.error("database rejected a %s write (%s); kept in %s for inspection", op.get("k"), _refusal(exc), path)
+        if op.get("k") != "call" or not (op.get("r") or {}).get("id"):
+            return True
+        row = op["r"]
+        self._remember(row)
+        event = {"k": "event", "r": {
+            "id": hashlib.sha256(f"{REFUSED_EVENT}|{row['id']}".encode()).hexdigest()[:32],
+            "rollout_id": row.get("rollout_id"), "kind": REFUSED_EVENT, "source": "store", "time": schema.utcnow(),
+            "detail": {"call_id": row["id"], "seq": row.get("seq"), "error": _refusal(exc), "dead_letter": path.name}}}
+        for extra in (_salvage(op), event):
+            if extra is None:
+                continue
+            try:
+                if not self._commit(engine, [extra], wait):
+                    return False  # closing: the journal replays the call, which is refused again and salvaged then
+            except (sa.exc.DBAPIError, InvalidRecord) as again:
+                log.error("what a refused call %s left (%s) cannot be stored either (%s); reads of its rollout "
+                          "report the damage", row["id"], extra["k"], _refusal(again))
+        return True
