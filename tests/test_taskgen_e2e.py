@@ -94,10 +94,7 @@ def test_run_command_records_purpose(up, shared_tmp, generated):
 
 
 @pytest.mark.parametrize("attack", [
-    pytest.param("chmod 000 /workspace", marks=pytest.mark.xfail(strict=True, reason=(
-        "the local backend starts every phase with cwd=/workspace: once the harness made it unreachable, the "
-        "verifier phase cannot start (exit 127), which reads as a crashed verifier (an infra error); the fix "
-        "belongs in the backend (restore the workspace's mode, or start the verifier elsewhere)"))),
+    "chmod 000 /workspace",              # the host gives the workspace back readable before the verifier runs
     "for f in *; do rm -f \"$f\"; mkfifo \"$f\"; done",           # would hang one that opens what it finds
     "for f in {names}; do ln -sf /tests/expected.json \"$f\"; done",   # every named file: a link out
 ])
