@@ -26,14 +26,29 @@ PLANTED = ("json", "hashlib", "decimal", "csv")
 SCRIPT_IMPORTS = {"files-fix-inventory-script": {"csv"}}
 
 
-@pytest.fixture(params=TASK_DIRS, ids=[p.name for p in TASK_DIRS])
-def rollout(request, tmp_path):
-    r = Rollout(load_task(request.param), tmp_path)
+# Tasks whose answer is the state of their service, not a workspace file: no answer file to link out.
+SERVICE_ANSWERS = {"helpdesk-assign-by-load", "helpdesk-close-stale-pending", "helpdesk-escalate-sla-breaches",
+                   "helpdesk-reply-order-status"}
+FILE_ANSWER_DIRS = [p for p in TASK_DIRS if p.name not in SERVICE_ANSWERS]
+
+
+def _started(task_dir: Path, tmp_path: Path):
+    r = Rollout(load_task(task_dir), tmp_path)
     try:
         r.start_services()
         yield r
     finally:
         r.stop_services()
+
+
+@pytest.fixture(params=TASK_DIRS, ids=[p.name for p in TASK_DIRS])
+def rollout(request, tmp_path):
+    yield from _started(request.param, tmp_path)
+
+
+@pytest.fixture(params=FILE_ANSWER_DIRS, ids=[p.name for p in FILE_ANSWER_DIRS])
+def file_rollout(request, tmp_path):
+    yield from _started(request.param, tmp_path)
 
 
 def _plant(r: Rollout, marker: Path) -> list[str]:
@@ -72,10 +87,10 @@ def _answer_files(r: Rollout) -> list[Path]:
                   if p.is_file() and before.get(p.relative_to(r.workspace)) != p.read_bytes())
 
 
-def test_an_answer_symlinked_out_of_the_workspace_is_not_accepted(rollout, tmp_path):
+def test_an_answer_symlinked_out_of_the_workspace_is_not_accepted(file_rollout, tmp_path):
+    rollout = file_rollout
     answers = _answer_files(rollout)
-    if not answers:
-        pytest.skip("the answer lives in the task's service, not in a workspace file")
+    assert answers, f"{rollout.task.id}: solve.sh wrote no workspace file; list it in SERVICE_ANSWERS"
     assert float(rollout.verify()["reward"]) == 1.0
     outside = tmp_path / "outside"
     outside.mkdir()
