@@ -58,8 +58,10 @@ class Settings(BaseSettings):
         default=True, description="Write the proxy's journal into the database from a child process (its event "
         "loop then only journals); off: from a thread of the proxy's own process.")
     proxy_redact: list[str] = Field(
-        default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys"],
-        description="Redaction rules applied to everything the proxy stores (names from proxy._redaction.RULES).",
+        default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys", "cloud_keys", "jwts", "url_passwords",
+                                 "rollout_tokens"],
+        description="Redaction rules applied to everything the proxy stores (names from proxy._redaction.RULES; "
+        "`emails` is the one not on by default).",
     )
     proxy_upstream_api_key: str | None = Field(default=None, description="API key the proxy presents upstream.")
     proxy_allow_unbound: bool = Field(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from forge_store import Settings
 from proxy._redaction import RULES, Redactor
 
 SECRETS = [
@@ -20,21 +22,34 @@ SECRETS = [
     "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
     "-----BEGIN PRIVATE KEY-----abc-----END PRIVATE KEY-----",
     "someone@example.com", "a.b+c@mail.example.org",
+    "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc", "rk_live_" + "Z" * 24, "sk_test_" + "a1" * 12, "whsec_" + "w" * 32,
+    "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz12345678",
+    "aws_secret_access_key = " + "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", '"SecretAccessKey": "' + "k" * 40 + '"',
+    "AWS_SESSION_TOKEN=" + "F" * 120, "AccountKey=" + "a" * 86 + "==", "SharedAccessKey=" + "s" * 44,
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "postgresql://app:hunter2@db:5432/app", "mongodb+srv://u:p%40ss@cluster0.example.net/?x=1",
+    "redis://:pw@cache", "https://user:pass@example.com/", "amqp://guest:guest@mq//",
+    "ofr1." + "cjE" + ".0." + "S" * 32, "ofr1." + "bXktcm9sbG91dA" + ".1795975971." + "x_-" * 10 + "ab",
+    "-----BEGIN PRIVATE KEY-----\\n" + "M" * 64 + "\\n" + "I" * 20,  # a JSON-escaped key cut short of its END
+    "-----BEGIN PGP PRIVATE KEY BLOCK-----x-----END PGP PRIVATE KEY BLOCK-----",
     # the shortest match of each rule (rules skip strings shorter than that)
     "xoxb-" + "1" * 10, "AKIA" + "A" * 16, "bearer " + "b" * 16, "a@b.cd",
-    "-----BEGIN PRIVATE KEY----------END PRIVATE KEY-----",
+    "-----BEGIN PRIVATE KEY----------END PRIVATE KEY-----", "AccountKey=" + "A" * 20, "eyJ" + "a" * 8 + ".eyJ" + "b" * 8 + ".",
+    "://:p@", "ofr1..0." + "s" * 32,
 ]
 NEAR_MISSES = ["sk-short", "ask-" + "a" * 25, "AKIAlower", "ghx_" + "a" * 36, "xoxz-" + "1" * 12, "bearer short",
                "-----BEGIN PUBLIC KEY-----x-----END PUBLIC KEY-----", "user@localhost", "@", "gh", "sk", "xox",
-               "x" + "AIza" + "S" * 35, "_sk-" + "A" * 22, "lorem ipsum dolor sit amet"]
+               "x" + "AIza" + "S" * 35, "_sk-" + "A" * 22, "lorem ipsum dolor sit amet",
+               "pk_live_" + "p" * 24, "task_test_" + "a" * 20, "hf_hub_download", "eyJhbGciOiJIUzI1NiJ9",
+               "aws_secret_access_key = " + "a" * 39, "https://example.com/a:b@c", "http://localhost:8080/",
+               "ofr1.abc", "-----BEGIN PRIVATE KEY-----\n-----", "git@github.com:o/r.git", "ssh://git@host:22/r"]
 
 
 def naive(rules: list[str], text: str) -> tuple[str, set[str]]:
     hits = set()
     for name in rules:
-        rx = RULES[name].pattern
-        if rx.search(text):
-            text = rx.sub(f"[REDACTED:{name}]", text)
+        if RULES[name].pattern.search(text):
+            text = RULES[name].redact(name, text)
             hits.add(name)
     return text, hits
 
@@ -71,7 +86,7 @@ def test_the_prefilter_skips_the_patterns_on_text_without_triggers(monkeypatch):
 
     class Spy:
         def __init__(self, rx):
-            self.rx = rx
+            self.rx, self.groups = rx, rx.groups
 
         def search(self, text):
             calls.append(self.rx.pattern)
@@ -81,9 +96,10 @@ def test_the_prefilter_skips_the_patterns_on_text_without_triggers(monkeypatch):
             return self.rx.sub(*args)
 
     redactor = Redactor(list(RULES))
-    redactor.rules = [(n, type(r)(Spy(r.pattern), r.triggers, r.fold)) for n, r in redactor.rules]
+    redactor.rules = [(n, dataclasses.replace(r, pattern=Spy(r.pattern))) for n, r in redactor.rules]
     hits: set[str] = set()
     redactor.apply("lorem ipsum dolor sit amet " * 300, hits)
     assert calls == [] and hits == set()
-    redactor.apply("mail me at someone@example.com", hits)
-    assert len(calls) == 1 and hits == {"emails"}
+    redactor.apply("mail me at someone@example.com", hits)  # "@": the two rules whose trigger it is run
+    assert sorted(calls) == sorted(RULES[n].pattern.pattern for n in ("emails", "url_passwords"))
+    assert hits == {"emails"}
