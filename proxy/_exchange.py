@@ -24,7 +24,6 @@ class CallHeaders:
 
     token: str | None = None  # Authorization: Bearer ..., else x-api-key
     content_length: str | None = None
-    user_agent: str | None = None
 
     @classmethod
     def from_asgi(cls, raw: list[tuple[bytes, bytes]]) -> CallHeaders:
@@ -37,8 +36,6 @@ class CallHeaders:
                 api_key = value.decode("latin-1") or None
             elif name == b"content-length":
                 h.content_length = value.decode("latin-1")
-            elif name == b"user-agent":
-                h.user_agent = value.decode("latin-1")
         h.token = h.token or api_key
         return h
 

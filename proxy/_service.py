@@ -59,6 +59,7 @@ class ProxyService:
         self.store, self.upstream, self.rollouts = store, upstream, rollouts
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
         self._redact_copy = redactor.apply if redactor.rules else None  # the stored prompt's ``prepare`` hook
+        self._last_tools: tuple[list, list, frozenset[str]] | None = None  # (as sent, as stored, rules that fired)
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the one loop this service runs in, once known
 
@@ -88,9 +89,10 @@ class ProxyService:
         tr = protocol.translate(body, self.dialect, binding.rollout_id)
         seq = binding.next_seq()
         prompt = self.store.prompt(binding.rollout_id, tr.messages, tr.tools, prepare=self._redact_copy)
+        tool_hits: set[str] = set()  # redaction rules that fired on the tool schemas (the messages': prompt.marks)
         if prompt.holds_images:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
-            await asyncio.to_thread(self._prepare, prompt)
+            await asyncio.to_thread(self._prepare, prompt, tool_hits)
         version = await self.rollouts.enter()
         relay_owns_exit = False
         try:
@@ -102,7 +104,7 @@ class ProxyService:
             except UpstreamFailure as exc:
                 pending, failure = None, exc
             try:
-                rec, part = self._record_for(headers, protocol, binding, body, tr, prompt, seq, started, version)
+                rec, part = self._record_for(protocol, binding, body, tr, prompt, seq, started, version, tool_hits)
             except BaseException:
                 if pending is not None:
                     pending.cancel()
@@ -119,20 +121,22 @@ class ProxyService:
             if not relay_owns_exit:
                 self.rollouts.leave()
 
-    def _record_for(self, headers: CallHeaders, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation,
-                    prompt: PendingPrompt, seq: int, started: datetime,
-                    version: str | None) -> tuple[CallRecord, PromptPart]:
+    def _record_for(self, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation,
+                    prompt: PendingPrompt, seq: int, started: datetime, version: str | None,
+                    hits: set[str]) -> tuple[CallRecord, PromptPart]:
         """The call's record, request side, and its prompt encoded (the new bodies journaled; the request hash).
-        ``version``: the policy version current when the call was admitted (``RolloutRegistry.enter``)."""
-        self._prepare(prompt)
-        hits: set[str] = set()
-        params = self.redactor.apply(tr.params, hits)  # now, while the upstream works; the answer's parts in _redact
-        metadata = self._metadata(headers, prompt.marks | hits)
-        if tr.notes:
-            metadata = {**(metadata or {}), **tr.notes}
+        ``version``: the policy version current when the call was admitted (``RolloutRegistry.enter``); ``hits``:
+        redaction rules that fired so far (on the tool schemas of a prompt prepared in a thread), added to."""
+        self._prepare(prompt, hits)
+        # now, while the upstream works; the answer's parts in _redact
+        params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(body.get("model"), hits)
+        notes = self.redactor.apply(tr.notes, hits) if tr.notes else None
+        metadata = self._metadata(prompt.marks | hits)
+        if notes:
+            metadata = {**(metadata or {}), **notes}
         rec = CallRecord(
             id=_call_ids.next(), rollout_id=binding.rollout_id, seq=seq, api_surface=protocol.SURFACE,
-            messages=prompt.messages, tools=tr.tools, params=params, streamed=tr.stream, model=body.get("model"),
+            messages=prompt.messages, tools=prompt.tools, params=params, streamed=tr.stream, model=model,
             started_at=started, policy_version_id=version,
             image_hashes=prompt.image_hashes or None, metadata=metadata,
         )
@@ -143,22 +147,37 @@ class ProxyService:
         rec.retry_of = binding.retry_of(part.request_hash, rec.id)
         return rec, part
 
-    @staticmethod
-    def _prepare(prompt: PendingPrompt) -> None:
-        """The stored copy of the prompt (images to the blob store, redaction); 400 for an undecodable image."""
+    def _prepare(self, prompt: PendingPrompt, hits: set[str]) -> None:
+        """The stored copy of the prompt (images to the blob store, redaction of the messages and of the tool
+        schemas), once; 400 for an undecodable image. Rules that fired on the tools go into ``hits`` (the
+        messages' into ``prompt.marks``)."""
+        if prompt.messages is not None:
+            return
+        if prompt.tools and self._redact_copy is not None:
+            prompt.tools = self._redacted_tools(prompt.tools, hits)  # before prepare(): it hashes the stored tools
         try:
             prompt.prepare()
         except InvalidRecord as exc:
             raise ProxyError(400, str(exc), code="invalid_image") from None
 
+    def _redacted_tools(self, tools: list, hits: set[str]) -> list:
+        """The tool schemas as stored. A harness sends the same schemas with every call (Claude Code's are ~74 KB):
+        the last ones and their stored copy are kept, so a call whose schemas equal them costs a compare."""
+        last = self._last_tools
+        if last is not None and (tools is last[0] or tools == last[0]):
+            hits.update(last[2])
+            return last[1]
+        found: set[str] = set()
+        stored = self.redactor.apply(tools, found)
+        self._last_tools = (tools, stored, frozenset(found))
+        hits.update(found)
+        return stored
+
     @staticmethod
-    def _metadata(headers: CallHeaders, redactions: set[str]) -> dict | None:
-        meta = {}
-        if headers.user_agent:
-            meta["user_agent"] = headers.user_agent
-        if redactions:
-            meta["redacted"] = sorted(redactions)
-        return meta or None
+    def _metadata(redactions: set[str]) -> dict | None:
+        """The call's metadata starts from what the proxy found, never from request headers (none is stored):
+        ``redacted``, the redaction rules that fired on any stored text of the call (``_redact`` adds the answer's)."""
+        return {"redacted": sorted(redactions)} if redactions else None
 
     # ---- one answer -----------------------------------------------------------------------------------------
     async def _unary(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
