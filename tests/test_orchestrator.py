@@ -308,3 +308,28 @@ def test_a_task_in_a_private_folder_runs_and_private_files_stay_private(forge, s
     summary = forge.run([load_task(d)], "oracle")
     (res,) = summary.results
     assert res.outcome == "success", (res.outcome, res.detail)      # data.txt read; secret.txt refused
+
+
+def test_the_verifier_runs_with_exactly_the_documented_environment(forge, shared_tmp):
+    from rollout._backends.base import verifier_env
+    test_sh = ('python3 -c "import json, os; json.dump({\'reward\': 1, \'env\': dict(os.environ), \'cwd\': os.getcwd(), '
+               '\'home\': os.listdir(os.environ[\'HOME\'])}, open(os.environ[\'OPENFORGE_REWARD_DIR\'] '
+               '+ \'/reward.json\', \'w\'))"\n')
+    task = load_task(write_task(shared_tmp / "tasks", "env", test_sh=test_sh, toml="[verifier.env]\nMY_KEY = 'x'\n"))
+    harness = CommandHarness("bash", "-c", "echo 'export LD_PRELOAD=x' >> ~/.bashrc; mkdir -p /tmp/openforge-verifier/"
+                             "home; touch /tmp/openforge-verifier/home/planted", env={"LD_PRELOAD": "", "EVIL": "1"})
+    (res,) = forge.run([task], harness).results
+    doc = res.extra["evidence"]["verifier"]
+    env = {k: v for k, v in doc["env"].items() if k not in ("PWD", "SHLVL", "_")}   # bash's own
+    assert env == verifier_env(workdir="/workspace", home=env["HOME"], tmpdir=env["TMPDIR"], task_env={"MY_KEY": "x"})
+    assert doc["cwd"] == env["HOME"] and doc["home"] == [], doc
+
+
+@pytest.mark.parametrize("make", ["ln -s /tests/test.sh reward.json", "mkfifo reward.json", "mkdir reward.json"])
+def test_a_reward_file_that_is_not_a_regular_file_is_refused_and_graded_0(forge, shared_tmp, make):
+    test_sh = f'cd "$OPENFORGE_REWARD_DIR"; echo \'{{"reward": 1}}\' > real.json; {make}\n'
+    task = load_task(write_task(shared_tmp / "tasks", "linked-reward", test_sh=test_sh))
+    (res,) = forge.run([task], CommandHarness("true"), max_infra_retries=0).results
+    assert (res.outcome, res.reward) == ("failure", 0.0), res.detail
+    assert "/logs/verifier/reward.json" in res.extra["evidence"]["refused"]
+    assert forge.store.lineage("exclusions") == []

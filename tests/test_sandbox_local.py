@@ -158,3 +158,58 @@ def test_duplicate_rollout_id_is_refused(backend):
             backend.create(_spec("dup"))
     finally:
         backend.destroy(sb)
+
+
+NOT_ROOT = r"""
+import json, sys, time, types
+from pathlib import Path
+for name in ("rollout", "rollout._backends"):    # the backend alone (stdlib): the system python3 can run it
+    sys.modules[name] = types.ModuleType(name)
+    sys.modules[name].__path__ = [name.replace(".", "/")]
+from rollout._backends.base import Mount, Phase, SandboxSpec
+from rollout._backends.local import LocalBackend
+root, tests = Path(sys.argv[1]), Path(sys.argv[2])
+b = LocalBackend(root)
+assert b.run_as is None
+verifier = Phase("verifier", ("bash", "/tests/check.sh"), clean=True, mounts=(Mount(tests, "/tests"),
+                 Mount(None, "/logs/verifier", writable=True)), outputs=("/logs/verifier/reward.txt",
+                 "/logs/verifier/seen"))
+harness = Phase("harness", ("bash", "-c", "echo 1 > /logs/verifier/reward.txt; echo honest > /workspace/out.txt; "
+                "chmod 000 /workspace; (setsid bash -c 'sleep 1; echo 1 > /logs/verifier/reward.txt' &); true"))
+sb = b.create(SandboxSpec(rollout_id="nr", run_id="r", group_id="g", task_id="t", workspace_seed=None,
+                          environment_dir=None, phases=(harness, verifier)))
+try:
+    h = b.run_phase(sb, harness)
+    v = b.run_phase(sb, verifier)
+    time.sleep(1.5)
+finally:
+    b.destroy(sb)
+print(json.dumps({"harness_err": h.stderr.decode(), "outputs": {k: x.decode() for k, x in v.outputs.items()},
+                  "verifier_err": v.stderr.decode(), "left": (root / "nr").exists()}))
+"""
+
+
+def test_not_as_root_the_reward_folder_is_the_verifiers_alone(shared_tmp):
+    """``LocalBackend(run_as=None)``, the path taken when the orchestrator is not root (as root, the test runs it as
+    ``nobody`` under the system python3, which needs nothing but the stdlib): the sandbox user owns every host folder, so the harness may write the reward folder, but nothing it wrote (or a process it left) reaches the
+    verifier's result, and a workspace it made unreadable is readable again for the verifier."""
+    tests = shared_tmp / "nr-tests"
+    tests.mkdir()
+    (tests / "check.sh").write_text('ls "$OPENFORGE_REWARD_DIR" > "$OPENFORGE_REWARD_DIR/seen"; '
+                                    'cat /workspace/out.txt >> "$OPENFORGE_REWARD_DIR/seen"; '
+                                    'touch /workspace/new 2>/dev/null && echo writable >> "$OPENFORGE_REWARD_DIR/seen";'
+                                    ' echo 0 > "$OPENFORGE_REWARD_DIR/reward.txt"')
+    for p in (tests, tests / "check.sh"):
+        os.chmod(p, 0o755)
+    root = shared_tmp / "nr-sandboxes"
+    root.mkdir()
+    creds = {}
+    if os.geteuid() == 0:
+        os.chown(root, 65534, 65534)
+        creds = {"user": 65534, "group": 65534, "extra_groups": []}
+    p = subprocess.run(["/usr/bin/python3", "-c", NOT_ROOT, str(root), str(tests)], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], timeout=120, env={"PATH": os.environ["PATH"]}, **creds)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["outputs"] == {"/logs/verifier/reward.txt": "0\n", "/logs/verifier/seen": "seen\nhonest\n"}, out
+    assert not out["left"], out

@@ -200,10 +200,11 @@ def read_regular(folder: Path, rel: str, limit: int) -> bytes | None:
             return None
         except OSError as exc:
             raise NotRegular("a symbolic link" if exc.errno == errno.ELOOP else exc.strerror) from None
+        st = os.fstat(f)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(f)
+            raise NotRegular(f"not a regular file (mode {stat.filemode(st.st_mode)})")
         with os.fdopen(f, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise NotRegular(f"not a regular file (mode {stat.filemode(st.st_mode)})")
             data = fh.read(limit + 1)
         if len(data) > limit:
             raise NotRegular(f"larger than {limit} bytes")
