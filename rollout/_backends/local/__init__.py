@@ -10,6 +10,10 @@ harness is uid 1000 with no capabilities.
 Phases run inside the same namespaces through ``sandbox_init`` (an inherited socket, not a path). Per-phase mounts
 (``/tests`` for the verifier, ``/solution`` for the oracle, ``/logs/verifier``) are bind-mounted from empty,
 root-owned staging folders at creation and filled only while their phase runs, so the harness never sees them.
+``sandbox_init`` is the namespace's pid 1, out of the harness's reach; the verifier (a ``clean`` phase) runs only
+once every harness process is dead, with ``base.verifier_env``, a fresh HOME, and the workspace sealed by the host
+(``Staging.seal``); its reward is read from the host's side of the bind, never through a link
+(``docs/rollouts.md``, "What a verifier may rely on").
 
 Not enforced here (say so rather than pretend): CPU and memory limits (no cgroup delegation without systemd); the
 file-size limit applies per process (RLIMIT_FSIZE).
