@@ -146,6 +146,14 @@ def test_the_command_sees_only_the_clean_env(tmp_path):
     assert "SECRET" not in names and not any(n.startswith("OPENFORGE_") for n in names), seen
 
 
+def test_an_output_that_is_a_link_is_not_read(tmp_path):
+    real, link = tmp_path / "elsewhere.json", tmp_path / "reward.json"
+    real.write_text('{"reward": 1.0}')
+    link.symlink_to(real)
+    _, result = _wrap(tmp_path, ["true"], {"OPENFORGE_OUTPUTS": f"{link}\n{real}"})
+    assert result.outputs == {str(real): b'{"reward": 1.0}'}
+
+
 # --- end to end against the emulated API server -----------------------------------------------------------------
 
 def test_the_reward_comes_from_the_verifier_container_only(backend_factory, kubelet, emulator, task_dir,

@@ -15,7 +15,7 @@ log (one extra GET through the API server, still no exec). Service phases (nativ
 
 The verifier's container sets one more: ``OPENFORGE_CLEAN_ENV`` (newline-separated names) runs ARGV under
 ``env -i`` with only those variables. An overflowed result is read back from the last line of the log only: whatever
-ARGV printed comes before it, however long.
+ARGV printed comes before it, however long. An output that is a symlink is not read (as if it did not exist).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ rm -f "$msg"
   printf '{"v":1,"exit":%d,"timed_out":%d,"outputs":{' "$rc" "$to"
   sep=
   printf '%s\n' "${OPENFORGE_OUTPUTS:-}" | while IFS= read -r p; do
-    [ -n "$p" ] && [ -f "$p" ] || continue
+    [ -n "$p" ] && [ -f "$p" ] && [ ! -L "$p" ] || continue
     printf '%s"%s":"' "$sep" "$p"
     base64 < "$p" | tr -d '\n'
     printf '"'
