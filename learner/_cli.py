@@ -44,8 +44,14 @@ def _open(store: str | None, *, read_only: bool = False):
 def export_command(
     ctx: typer.Context,
     format: str = typer.Option("verl", "--format", help="verl | trl | sft"),
-    where: Optional[str] = typer.Option(None, "--where", help="Filter, e.g. \"outcome = 'success' and attempt = 1\" "
-                                        "(see learner/_query.py)."),
+    where: Optional[str] = typer.Option(None, "--where", help="Rollout filter, e.g. \"attempt = 1\" (see "
+                                        "learner/_query.py). In veRL / TRL exports it may not split a GRPO group."),
+    group_where: Optional[str] = typer.Option(None, "--group-where", help="Group filter: keep a group whole when any "
+                                              "of its rollouts matches, e.g. \"reward > 0\"."),
+    allow_partial_groups: bool = typer.Option(False, "--allow-partial-groups", help="Let --where keep part of a "
+                                              "group (advantages still over the whole recorded group)."),
+    include_redacted: bool = typer.Option(False, "--include-redacted", help="Export rollouts with a redacted call "
+                                          "(their token ids still carry the secret)."),
     as_of: Optional[int] = typer.Option(None, "--as-of", help="Watermark to pin (default: the current one)."),
     out: Optional[Path] = typer.Option(None, "--out", help="New folder for the shards and manifest.json."),
     max_policy_lag: Optional[int] = typer.Option(None, help="Exclude rollouts this many policy versions stale."),
@@ -68,7 +74,8 @@ def export_command(
     st = _open(store)
     try:
         cfg = ExportConfig(format=format, where=where, max_policy_lag=max_policy_lag, min_group_size=min_group_size,
-                           keep_truncated=keep_truncated, norm_by_std=not no_std)
+                           keep_truncated=keep_truncated, norm_by_std=not no_std, group_where=group_where,
+                           allow_partial_groups=allow_partial_groups, include_redacted=include_redacted)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:
             task = bar.add_task(f"export {format}", total=None)

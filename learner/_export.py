@@ -4,7 +4,9 @@ Byte-identity (invariant 5): rows come in (group, rollout, segment) order; Parqu
 3, fixed row groups, no timestamps; only the format version in the schema metadata); the export id is the hash of
 store id + watermark + config, so a re-run writes the same manifest and the same exclusion rows (idempotent ids).
 The OpenLineage event's ``eventTime`` is the latest ``ended_at`` of the exported rollouts (data time, not wall
-time), for the same reason. ``verify`` re-derives everything into a temporary folder and compares.
+time), for the same reason. ``verify`` re-derives everything into a temporary folder and compares: files by
+sha256, then the rows of each differing shard set by key (the veRL ``key``; rollout + segment; a group's prompt
+row by group), so a dropped group reads as its rows missing, not as every later row changed.
 """
 
 from __future__ import annotations
@@ -24,15 +26,11 @@ import pyarrow.parquet as pq
 from forge_store import Store, canonical_json
 
 from ._formats import get_exporter
-from ._plan import Exclusion, ExportConfig, Planner
+from ._plan import Exclusion, ExportConfig, ExportError, Planner
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OPENLINEAGE = "openlineage.json"
-
-
-class ExportError(ValueError):
-    pass
 
 
 class ShardWriter:
@@ -201,12 +199,62 @@ def _openlineage(export_id: str, store_id: str, wm: int, cfg: ExportConfig, data
     }
 
 
-def _row_diff(a: Path, b: Path) -> str:
-    ta, tb = pq.read_table(a).to_pylist(), pq.read_table(b).to_pylist()
-    bad = [i for i in range(max(len(ta), len(tb))) if i >= len(ta) or i >= len(tb) or ta[i] != tb[i]]
-    first = ta[bad[0]] if bad and bad[0] < len(ta) else None
-    where = f" (first at row {bad[0]}, key {first.get('key') or first.get('rollout_id')})" if first else ""
-    return f"{len(bad)} of {len(tb)} rows differ{where}" if bad else "same rows, different bytes"
+def _row_key(row: dict) -> str:
+    if row.get("key") is not None:
+        return str(row["key"])
+    if "segment_index" in row:
+        return f"{row.get('rollout_id')}#{row['segment_index']}"
+    info = row.get("extra_info")
+    if isinstance(info, dict) and info.get("group_id") is not None:
+        return f"prompt of {info['group_id']}"
+    return hashlib.sha256(repr(sorted(row.items())).encode()).hexdigest()[:16]
+
+
+def _keyed_rows(paths: list[Path]) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """Row key -> (its group, column -> digest of the value) over shard files (one file's rows in memory at once)."""
+    out = {}
+    for path in paths:
+        for row in pq.read_table(path).to_pylist():
+            info = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+            out[_row_key(row)] = (row.get("group_id") or info.get("group_id"),
+                                  {c: hashlib.sha256(repr(v).encode()).hexdigest() for c, v in row.items()})
+    return out
+
+
+def _groups(keys: list[str], rows: dict) -> str:
+    groups = sorted({str(rows[k][0]) for k in keys if rows[k][0] is not None})
+    if not groups:
+        return ""
+    more = f" and {len(groups) - 5} more" if len(groups) > 5 else ""
+    return f" (group{'s' if len(groups) > 1 else ''} {', '.join(groups[:5])}{more})"
+
+
+def rows_diff(derived: list[Path], on_disk: list[Path]) -> str:
+    """What differs between the rows the store derives now and the rows of the files, matched by row key."""
+    ours = _keyed_rows(derived)
+    try:
+        theirs = _keyed_rows(on_disk)
+    except (pa.ArrowInvalid, OSError) as exc:
+        return f"the files on disk cannot be read as Parquet ({exc})"
+    missing = [k for k in ours if k not in theirs]
+    extra = [k for k in theirs if k not in ours]
+    changed = {}
+    for k in ours.keys() & theirs.keys():
+        cols = sorted(c for c in ours[k][1].keys() | theirs[k][1].keys() if ours[k][1].get(c) != theirs[k][1].get(c))
+        if cols:
+            changed[k] = cols
+    if not (missing or extra or changed):
+        return "same rows, different bytes"
+    out = (f"{len(missing)} missing from the files{_groups(missing, ours)}, {len(extra)} extra in the files"
+           f"{_groups(extra, theirs)}, {len(changed)} changed")
+    if changed:
+        cols = sorted({c for v in changed.values() for c in v})
+        out += f": {', '.join(cols)} (first: {min(changed)})"
+    return out
+
+
+def _prefix(name: str) -> str:
+    return name.rsplit("-", 1)[0] if name.endswith(".parquet") else name
 
 
 def verify(manifest_path: Path | str, store: Store) -> dict:
@@ -222,26 +270,36 @@ def verify(manifest_path: Path | str, store: Store) -> dict:
     if manifest["store_id"] != store.store_id:
         raise ExportError(f"{manifest_path}: exported from store {manifest['store_id']}, but --store is "
                           f"{store.store_id}; pass the store the export came from")
-    folder, problems = manifest_path.parent, []
+    folder, problems, on_disk = manifest_path.parent, [], {}
     for f in manifest["files"]:
         p = folder / f["path"]
         if not p.exists():
             problems.append(f"{f['path']}: missing")
-        elif _sha256(p) != f["sha256"]:
+            continue
+        on_disk[f["path"]] = _sha256(p)
+        if on_disk[f["path"]] != f["sha256"]:
             problems.append(f"{f['path']}: sha256 differs from the manifest (file changed on disk)")
     with tempfile.TemporaryDirectory() as tmp:
         again = export(store, Path(tmp) / "x", ExportConfig.from_json(manifest["config"]),
                        as_of=manifest["watermark"], record=False)
         ours = {f["path"]: f for f in again["files"]}
+        differ: set[str] = set()  # shard sets (file prefixes) whose rows are compared by key below
         for f in manifest["files"]:
             g = ours.pop(f["path"], None)
             if g is None:
                 problems.append(f"{f['path']}: the store no longer derives this file")
-            elif g["sha256"] != f["sha256"]:
-                detail = _row_diff(Path(tmp) / "x" / f["path"], folder / f["path"]) if (
-                    f["path"].endswith(".parquet") and (folder / f["path"]).exists()) else "content differs"
-                problems.append(f"{f['path']}: re-derived from the store it differs: {detail}")
+            elif g["sha256"] != f["sha256"] and not f["path"].endswith(".parquet"):
+                problems.append(f"{f['path']}: re-derived from the store it differs: content differs")
+            if f["path"].endswith(".parquet") and (g is None or on_disk.get(f["path"]) != g["sha256"]):
+                differ.add(_prefix(f["path"]))  # the rows on disk are not the rows the store derives
         problems += [f"{p}: the store now derives a file the manifest lacks" for p in sorted(ours)]
+        differ |= {_prefix(p) for p in ours if p.endswith(".parquet")}
+        for prefix in sorted(differ):
+            derived = [Path(tmp) / "x" / f["path"] for f in again["files"] if _prefix(f["path"]) == prefix]
+            present = [folder / f["path"] for f in manifest["files"]
+                       if _prefix(f["path"]) == prefix and (folder / f["path"]).exists()]
+            problems.append(f"{prefix}-*.parquet: re-derived from the store, the rows differ: "
+                            f"{rows_diff(derived, present)}")
         if again["exclusions"] != manifest["exclusions"]:
             problems.append(f"exclusions differ: manifest {manifest['exclusions']}, store {again['exclusions']}")
     return {"ok": not problems, "problems": problems, "export_id": manifest["export_id"]}

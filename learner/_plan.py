@@ -1,26 +1,40 @@
 """Selection: which rollouts become training data, grouped for GRPO, and a stored reason for every one that does not.
 
-Rules, in the order they are applied to each finished rollout (first match wins; unfinished rollouts as of the
-watermark are counted, not excluded: a later export takes them):
+Each rollout keeps its first, true reason: facts about the rollout come before the export's own choices. Rules, in
+the order they are applied to each finished rollout (first match wins; unfinished rollouts as of the watermark are
+counted, not excluded: a later export takes them):
 
 0. The run's purpose (``rollout_purpose``: the rollout's ``metadata["purpose"]``, ``train`` when absent):
    ``evaluation`` for every ``eval`` rollout, whatever the format (held-out measurements never become training
    data); ``teacher`` for ``teacher`` rollouts in a token-level format (veRL, TRL: a teacher's calls are not the
    policy's samples, so they have no place in a policy-gradient shard; SFT shards take them); ``filtered`` for a
    purpose this version does not know (never trained on by guess).
-1. ``filtered``: the ``--where`` filter is false (also ``policy_timeout`` rollouts when configured off).
-2. ``infra_error``: outcome ``infra_error`` (invariant 6: never a zero reward).
-3. ``no_reward``: outcome ``cancelled`` (never graded), or no reward row from the allowed sources.
-4. ``missing_data``: the rollout names a group that is not in the store.
-5. ``stale_policy``: the oldest policy version of the rollout (its own or any call's) trails the current one by
-   more than ``max_policy_lag`` versions (off by default).
-6. ``incomplete_group``: fewer surviving rollouts than ``min_group_size`` (default: the group's target size).
+1. ``infra_error``: outcome ``infra_error`` (invariant 6: never a zero reward).
+2. ``no_reward``: outcome ``cancelled`` (never graded), or no reward row from the allowed sources.
+3. ``missing_data``: the rollout names a group that is not in the store.
+4. ``filtered``: ``policy_timeout`` rollouts when configured off.
 
-Rules 3 and 6 do not apply to the SFT format (it needs no reward). Calls are then excluded one by one
-(``infra_error``, ``not_token_exact``, ``truncated``; see :mod:`learner._reconstruct`; the SFT format's own rules are
-in :mod:`learner._sft`); a rollout whose calls are all excluded still counts in its group's GRPO statistics, since
-its reward is a fair sample of the policy.
-A rollout without a group is a group of its own (target size 1).
+A rollout past these has a reward that is a fair sample of the policy: it belongs to its group as recorded.
+
+5. ``filtered``: ``--group-where`` (a group is kept whole when any of its rollouts matches, else left out whole)
+   or ``--where`` (rollout by rollout). In a GRPO format a ``--where`` that keeps some rollouts of a group and
+   removes others is refused before anything is written (advantages need whole groups), unless
+   ``allow_partial_groups``: then the removed rollouts still count in their group's statistics (advantages are
+   never computed over a filtered subset), they only get no rows.
+6. ``stale_policy``: the oldest policy version of the rollout (its own or any call's) trails the current one by
+   more than ``max_policy_lag`` versions (off by default); not in the group's statistics.
+7. ``redacted``: a call of the rollout had a secret redacted (its metadata's ``redacted`` lists the rules): its
+   text was redacted but its token ids still carry the secret (invariant 9), so the rollout gets no rows unless
+   ``include_redacted``; it still counts in its group's statistics.
+8. ``incomplete_group``: fewer rollouts in the group's statistics than ``min_group_size`` (default: the group's
+   target size).
+
+Rules 2 and 8 do not apply to the SFT format (it needs no reward). Calls are then excluded one by one:
+``store_damaged`` (the store cannot give the call back: the database refused it, or its stored delta lost its
+base; the rollout's other calls are used), ``infra_error``, ``not_token_exact``, ``truncated``,
+``logprob_mismatch`` (see :mod:`learner._reconstruct`; the SFT format's own rules are in :mod:`learner._sft`); a
+rollout whose calls are all excluded still counts in its group's GRPO statistics, since its reward is a fair
+sample of the policy. A rollout without a group is a group of its own (target size 1).
 
 A rollout's reward is the one that counts by the store's rule (``Store.latest_rewards``: its latest from
 ``reward_sources``). Rewards and calls are read for runs of groups at once (``Store.latest_rewards``,
@@ -31,57 +45,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from forge_store import RewardInfo, RolloutInfo, Store, StoredCall
 
-from ._grpo import GrpoConfig, group_advantages, policy_lag, policy_order, segment_values
+from ._export_config import PURPOSES, Exclusion, ExportConfig, ExportError, redactions, rollout_purpose, where_row
+from ._grpo import group_advantages, policy_lag, policy_order, segment_values
 from ._query import parse_where
 from ._reconstruct import CallExclusion, Reconstruction, reconstruct_rollout
 from ._sft import Conversation, sft_conversations
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    """Everything that decides an export's content; stored in the manifest so ``verify`` can re-derive it."""
-
-    format: str = "verl"
-    where: str | None = None
-    keep_truncated: bool = False
-    train_policy_timeouts: bool = True
-    max_policy_lag: int | None = None
-    current_policy: str | None = None
-    min_group_size: int | None = None
-    reward_sources: tuple[str, ...] | None = None
-    gamma: float = 1.0
-    epsilon: float = 1e-6
-    norm_by_std: bool = True
-    singleton: str = "zero"
-    rows_per_shard: int = 100_000
-    row_group_rows: int = 1024
-
-    def grpo(self) -> GrpoConfig:
-        return GrpoConfig(gamma=self.gamma, epsilon=self.epsilon, norm_by_std=self.norm_by_std,
-                          singleton=self.singleton)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["reward_sources"] = list(self.reward_sources) if self.reward_sources else None
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> ExportConfig:
-        d = dict(d)
-        d["reward_sources"] = tuple(d["reward_sources"]) if d.get("reward_sources") else None
-        return cls(**d)
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    reason: str
-    rollout_id: str | None
-    call_id: str | None
-    detail: dict
 
 
 @dataclass
@@ -120,20 +92,7 @@ class Tally:
     exclusions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
-PURPOSES = ("train", "eval", "teacher")
-
-
-def rollout_purpose(info: RolloutInfo) -> str:
-    """The purpose of the run a rollout belongs to, as recorded in its metadata; ``train`` for older stores."""
-    purpose = (info.metadata or {}).get("purpose")
-    return "train" if purpose is None else str(purpose)
-
-
-def _row(info: RolloutInfo, reward: RewardInfo | None) -> dict:
-    d = asdict(info)
-    d["reward"] = reward.value if reward else None
-    d["purpose"] = rollout_purpose(info)
-    return d
+Screen = tuple[dict[str, tuple[str, dict]], list[RolloutInfo], dict[str, dict]]
 
 
 class Planner:
@@ -145,7 +104,9 @@ class Planner:
         self.on_exclusion = on_exclusion or (lambda e: None)
         self.tally = Tally()
         self.pred = parse_where(cfg.where) if cfg.where else None
+        self.group_pred = parse_where(cfg.group_where) if cfg.group_where else None
         self.token_level = cfg.format != "sft"
+        self.partial = self.token_level and cfg.allow_partial_groups
         pvs = store.lineage("policy_versions", as_of=watermark)
         self.policies = {p["id"]: p for p in pvs}
         self.order = policy_order(pvs)
@@ -164,12 +125,15 @@ class Planner:
                 continue
             self.buckets[r.group_id or f"~{r.id}"].append(r)
         self.total = sum(len(v) for v in self.buckets.values())
+        if self.pred is not None and self.token_level and not cfg.allow_partial_groups:
+            self._refuse_split_groups()
 
     def _exclude(self, reason: str, rollout_id: str | None, call_id: str | None = None, **detail) -> None:
         self.tally.exclusions[reason] += 1
         self.on_exclusion(Exclusion(reason, rollout_id, call_id, detail))
 
     def _rollout_rule(self, info: RolloutInfo, reward: RewardInfo | None) -> tuple[str, dict] | None:
+        """Rules 0-4 of the module docstring: facts that keep a rollout out of its group's statistics."""
         cfg = self.cfg
         purpose = rollout_purpose(info)
         if purpose == "eval":
@@ -179,10 +143,6 @@ class Planner:
                                "rule": "a teacher's demonstrations go to SFT shards, never to a policy-gradient shard"}
         if purpose not in PURPOSES:
             return "filtered", {"purpose": purpose, "rule": f"a run's purpose is one of {', '.join(PURPOSES)}"}
-        if self.pred is not None and not self.pred(_row(info, reward)):
-            return "filtered", {"where": cfg.where}
-        if info.outcome == "policy_timeout" and not cfg.train_policy_timeouts:
-            return "filtered", {"rule": "policy_timeout rollouts are configured off"}
         if info.outcome == "infra_error":
             return "infra_error", {"outcome_detail": info.outcome_detail}
         if info.outcome == "cancelled":
@@ -191,7 +151,53 @@ class Planner:
             return "no_reward", {"reward_sources": list(cfg.reward_sources) if cfg.reward_sources else None}
         if info.group_id is not None and info.group_id not in self.groups:
             return "missing_data", {"group_id": info.group_id, "rule": "the rollout's group row is not in the store"}
+        if info.outcome == "policy_timeout" and not cfg.train_policy_timeouts:
+            return "filtered", {"rule": "policy_timeout rollouts are configured off"}
         return None
+
+    def _screen(self, members: list[RolloutInfo], rewards: dict[str, RewardInfo]) -> Screen:
+        """(rollout id -> its rule 0-4 exclusion; the group's other rollouts; rollout id -> why --group-where or
+        --where filters it)."""
+        rules, candidates, filtered = {}, [], {}
+        for info in members:
+            rule = self._rollout_rule(info, rewards.get(info.id))
+            if rule:
+                rules[info.id] = rule
+            else:
+                candidates.append(info)
+        if self.group_pred is None and self.pred is None:
+            return rules, candidates, filtered
+        rows = {i.id: where_row(i, rewards.get(i.id)) for i in candidates}
+        if self.group_pred is not None and not any(self.group_pred(rows[i.id]) for i in candidates):
+            for info in candidates:
+                filtered[info.id] = {"group_where": self.cfg.group_where, "rule": "no rollout of the group "
+                                     "matches --group-where: the group is left out whole"}
+        elif self.pred is not None:
+            for info in candidates:
+                if not self.pred(rows[info.id]):
+                    filtered[info.id] = {"where": self.cfg.where}
+        return rules, candidates, filtered
+
+    def _refuse_split_groups(self) -> None:
+        """ExportError when ``--where`` keeps part of a group in a GRPO format, before anything is written."""
+        splits: list[tuple[str, int, int]] = []
+        for chunk in self._chunks():
+            ids = [i.id for key in chunk for i in self.buckets[key]]
+            rewards = self.store.latest_rewards(ids, sources=self.cfg.reward_sources, as_of=self.wm)
+            for key in chunk:
+                _, candidates, filtered = self._screen(self.buckets[key], rewards)
+                if 0 < len(filtered) < len(candidates):
+                    splits.append((key, len(filtered), len(candidates)))
+        if not splits:
+            return
+        names = ", ".join(k for k, _, _ in splits[:5]) + (f" and {len(splits) - 5} more" if len(splits) > 5 else "")
+        raise ExportError(
+            f"--where {self.cfg.where!r} removed {sum(r for _, r, _ in splits)} of {sum(n for _, _, n in splits)} "
+            f"rollouts from {len(splits)} group(s) ({names}) and kept the rest; a {self.cfg.format} export needs "
+            "whole GRPO groups (advantages over a filtered subset are measured against the wrong baseline). "
+            f"Keep or drop whole groups with --group-where {self.cfg.where!r} (a group is kept whole when any of its "
+            "rollouts matches), or pass --allow-partial-groups to export only the matching rollouts with advantages "
+            "computed over their whole recorded groups.")
 
     def _stale(self, info: RolloutInfo, calls: list[StoredCall]) -> dict | None:
         if self.cfg.max_policy_lag is None or self.current is None:
@@ -211,10 +217,14 @@ class Planner:
             groups = {key: sorted(self.buckets[key], key=lambda r: r.id) for key in chunk}
             infos = [info for members in groups.values() for info in members]
             rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
-            rules = {i.id: self._rollout_rule(i, rewards.get(i.id)) for i in infos}
-            calls = self.store.calls_by_rollout([i.id for i in infos if rules[i.id] is None], as_of=self.wm)
+            screens = {key: self._screen(members, rewards) for key, members in groups.items()}
+            stats_only = self.partial and self.cfg.max_policy_lag is not None  # filtered ones need calls: staleness
+            wanted = [i.id for _, candidates, filtered in screens.values() for i in candidates
+                      if i.id not in filtered or stats_only]
+            damage: dict[str, list[dict]] = {}
+            calls = self.store.calls_by_rollout(wanted, as_of=self.wm, damage=damage)
             for key, members in groups.items():
-                plan = self._group(key, members, rewards, rules, calls)
+                plan = self._group(key, members, rewards, screens[key], calls, damage)
                 if plan is not None:
                     yield plan
 
@@ -232,35 +242,59 @@ class Planner:
         if chunk:
             yield chunk
 
-    def _group(self, key: str, infos: list[RolloutInfo], rewards: dict[str, RewardInfo],
-               rules: dict[str, tuple[str, dict] | None], calls_of: dict[str, list[StoredCall]]) -> GroupPlan | None:
+    def _members(self, infos: list[RolloutInfo], rewards: dict[str, RewardInfo], screen: Screen,
+                 calls_of: dict[str, list[StoredCall]]) -> tuple[list[RolloutPlan], list[RolloutPlan]]:
+        """Rules 0-7 applied to a group: (the rollouts in its statistics, those of them that may get rows)."""
+        rules, candidates, filtered = screen
+        for info in infos:
+            if info.id in rules:
+                self._exclude(rules[info.id][0], info.id, **rules[info.id][1])
+        scored: list[RolloutPlan] = []
+        shown: list[RolloutPlan] = []
+        for info in candidates:
+            if info.id in filtered:
+                self._exclude("filtered", info.id, **filtered[info.id])
+                if not self.partial:
+                    continue
+            rp = RolloutPlan(info, calls_of.pop(info.id, []), rewards.get(info.id))
+            stale = self._stale(info, rp.calls)
+            if stale:
+                if info.id not in filtered:
+                    self._exclude("stale_policy", info.id, **stale)
+                continue
+            scored.append(rp)
+            if info.id in filtered:
+                continue
+            hidden = redactions(rp.calls)
+            if hidden and not self.cfg.include_redacted:
+                self._exclude("redacted", info.id, calls=sorted(hidden), rules=sorted({r for v in hidden.values()
+                                                                                       for r in v}),
+                              rule="a call's text was redacted but its token ids still carry the secret; pass "
+                                   "--include-redacted to export it anyway")
+                continue
+            shown.append(rp)
+        return scored, shown
+
+    def _group(self, key: str, infos: list[RolloutInfo], rewards: dict[str, RewardInfo], screen: Screen,
+               calls_of: dict[str, list[StoredCall]], damage: dict[str, list[dict]]) -> GroupPlan | None:
         cfg = self.cfg
         group = self.groups.get(key)
-        survivors: list[RolloutPlan] = []
-        for info in infos:
-            reward, rule = rewards.get(info.id), rules[info.id]
-            if rule:
-                self._exclude(rule[0], info.id, **rule[1])
-                continue
-            calls = calls_of.pop(info.id)
-            stale = self._stale(info, calls)
-            if stale:
-                self._exclude("stale_policy", info.id, **stale)
-                continue
-            survivors.append(RolloutPlan(info, calls, reward))
-        if not survivors:
+        scored, shown = self._members(infos, rewards, screen, calls_of)
+        if not shown:
             return None
         if self.token_level:
             target = group["target_size"] if group else 1
             need = cfg.min_group_size if cfg.min_group_size is not None else target
-            if len(survivors) < need:
-                for rp in survivors:
-                    self._exclude("incomplete_group", rp.info.id, group_id=key, finished=len(survivors),
+            if len(scored) < need:
+                for rp in shown:
+                    self._exclude("incomplete_group", rp.info.id, group_id=key, finished=len(scored),
                                   target_size=target, min_group_size=need)
                 return None
-        plan = GroupPlan(key, group, survivors)
-        for rp in survivors:
+        plan = GroupPlan(key, group, shown)
+        for rp in shown:
             self.tally.calls += len(rp.calls)
+            for d in damage.get(rp.info.id, ()):
+                self._exclude("store_damaged", rp.info.id, d["call_id"], seq=d["seq"], why=d["why"])
             if self.token_level:
                 rp.recon = reconstruct_rollout(rp.calls, keep_truncated=cfg.keep_truncated)
                 self.tally.merged += rp.recon.merged
@@ -270,9 +304,9 @@ class Planner:
                 rp.convs, excluded = sft_conversations(rp.calls, keep_truncated=cfg.keep_truncated)
                 for ex in excluded:
                     self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
-        if self.token_level:
-            res = group_advantages([rp.reward.value for rp in survivors], cfg.grpo())
-            for rp, adv in zip(survivors, res.advantages):
+        if self.token_level:  # over the group as recorded: every rollout in its statistics, shown or not
+            res = group_advantages([rp.reward.value for rp in scored], cfg.grpo())
+            for rp, adv in zip(scored, res.advantages):
                 rp.advantage = adv
             plan.note = res.note
             self.tally.singleton_groups += res.note == "singleton"
@@ -281,4 +315,5 @@ class Planner:
         return plan
 
 
-__all__ = ["PURPOSES", "CallExclusion", "Exclusion", "ExportConfig", "GroupPlan", "Planner", "RolloutPlan", "Tally", "rollout_purpose"]
+__all__ = ["PURPOSES", "CallExclusion", "Exclusion", "ExportConfig", "ExportError", "GroupPlan", "Planner", "RolloutPlan",
+           "Tally", "redactions", "rollout_purpose"]

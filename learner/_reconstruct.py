@@ -11,6 +11,9 @@ Which calls are usable (and why the others are not) is decided here and becomes 
 * ``not_token_exact``: ``token_exact`` is false or the engine ids are missing (hosted teachers; SFT only, invariant 2).
 * ``truncated``: ``finish_reason == "length"`` (configurable). A skipped truncated completion is never trained
   on; if the next call's prompt still contains it, it rides along as mask-0 context of the extended segment.
+* ``logprob_mismatch``: the call's logprobs are not one per completion token (the counts are in the detail), or
+  its metadata's ``logprob_mismatch`` says the recorder dropped such logprobs. Its completion is not trained on
+  (PPO's ratio needs the sampling logprob of each token), rather than trained without logprobs.
 
 A skipped call does not break the chain: the next call is compared with the segment built so far.
 Positions without a sampled token (mask 0) carry logprob 0.0; a segment with any call lacking logprobs has
@@ -83,6 +86,13 @@ def call_problem(call: StoredCall, *, keep_truncated: bool = False) -> CallExclu
                                                           "has_ids": call.prompt_token_ids is not None})
     if call.finish_reason == "length" and not keep_truncated:
         return CallExclusion(call.id, "truncated", {"finish_reason": "length"})
+    logprobs, dropped = call.completion_logprobs, (call.metadata or {}).get("logprob_mismatch")
+    if logprobs is not None and len(logprobs) != len(call.completion_token_ids):
+        return CallExclusion(call.id, "logprob_mismatch", {"logprobs": len(logprobs),
+                                                           "completion_tokens": len(call.completion_token_ids)})
+    if dropped:
+        return CallExclusion(call.id, "logprob_mismatch", dict(dropped) if isinstance(dropped, dict)
+                             else {"recorded": dropped})
     return None
 
 

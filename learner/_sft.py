@@ -10,7 +10,7 @@ are not carried. The tools are the store's copy: canonical JSON, so a schema's k
 Which calls become conversation turns (the plan records an exclusion for every call left out):
 
 * A call that is not training data (``infra_error``; ``truncated`` unless ``keep_truncated``) gives no turn. A call
-  that is not token-exact does (SFT is text; invariant 2).
+  that is not token-exact, or whose logprobs do not match its tokens, does (SFT is text; invariant 2).
 * A call extends the current conversation when its prompt starts with that conversation (earlier prompt plus
   answer); otherwise it starts a new one (compaction, sub-agents). Messages are compared by what a chat template
   renders (role, text, tool names and arguments, tool_call_id), so a harness that drops a ``content: null`` from
@@ -133,7 +133,7 @@ def sft_conversations(calls: list[StoredCall], *, keep_truncated: bool = False
     for call in sorted(calls, key=lambda c: (c.seq, c.id)):
         problem = call_problem(call, keep_truncated=keep_truncated)
         msgs, answer = _convert(call.messages), _convert([answer_message(call)])
-        if problem is None or problem.reason == "not_token_exact":
+        if problem is None or problem.reason in ("not_token_exact", "logprob_mismatch"):  # SFT is text
             problem = _not_text(call, msgs, answer)
         if problem is None:
             keys = [render_key(m) for m in msgs]

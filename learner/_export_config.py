@@ -1,0 +1,86 @@
+"""What decides an export's content (``ExportConfig``, stored in its manifest so ``verify`` can re-derive it), the
+exclusion record, and the rollout and call facts the selection rules read (run purpose, redactions)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from forge_store import RewardInfo, RolloutInfo, StoredCall
+
+from ._grpo import GrpoConfig
+
+
+class ExportError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Everything that decides an export's content; stored in the manifest so ``verify`` can re-derive it."""
+
+    format: str = "verl"
+    where: str | None = None
+    keep_truncated: bool = False
+    train_policy_timeouts: bool = True
+    max_policy_lag: int | None = None
+    current_policy: str | None = None
+    min_group_size: int | None = None
+    reward_sources: tuple[str, ...] | None = None
+    gamma: float = 1.0
+    epsilon: float = 1e-6
+    norm_by_std: bool = True
+    singleton: str = "zero"
+    rows_per_shard: int = 100_000
+    row_group_rows: int = 1024
+    group_where: str | None = None  # keep a group whole when any of its rollouts matches (``--where`` language)
+    allow_partial_groups: bool = False  # a ``--where`` may keep part of a GRPO group (advantages: whole group)
+    include_redacted: bool = False  # export rollouts with a redacted call (their token ids carry the secret)
+
+    def grpo(self) -> GrpoConfig:
+        return GrpoConfig(gamma=self.gamma, epsilon=self.epsilon, norm_by_std=self.norm_by_std,
+                          singleton=self.singleton)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["reward_sources"] = list(self.reward_sources) if self.reward_sources else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> ExportConfig:
+        d = dict(d)
+        d["reward_sources"] = tuple(d["reward_sources"]) if d.get("reward_sources") else None
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    reason: str
+    rollout_id: str | None
+    call_id: str | None
+    detail: dict
+
+
+def redactions(calls: list[StoredCall]) -> dict[str, list[str]]:
+    """Call id -> the redaction rules that fired on it (its metadata's ``redacted``), for the calls that have any."""
+    out = {}
+    for c in calls:
+        rules = (c.metadata or {}).get("redacted")
+        if rules:
+            out[c.id] = sorted(map(str, rules)) if isinstance(rules, (list, tuple)) else [str(rules)]
+    return out
+
+
+PURPOSES = ("train", "eval", "teacher")
+
+
+def rollout_purpose(info: RolloutInfo) -> str:
+    """The purpose of the run a rollout belongs to, as recorded in its metadata; ``train`` for older stores."""
+    purpose = (info.metadata or {}).get("purpose")
+    return "train" if purpose is None else str(purpose)
+
+
+def where_row(info: RolloutInfo, reward: RewardInfo | None) -> dict:
+    d = asdict(info)
+    d["reward"] = reward.value if reward else None
+    d["purpose"] = rollout_purpose(info)
+    return d
