@@ -1,5 +1,8 @@
 """``--where``: a small, safe filter language over rollout fields, evaluated in Python (never turned into SQL).
 
+``--group-where`` takes the same language and keeps a GRPO group whole when any of its rollouts matches; how a
+``--where`` that would split a group is handled is in :mod:`learner._plan`.
+
 Grammar (keywords case-insensitive)::
 
     expr   := term ("or" term)*
