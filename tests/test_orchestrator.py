@@ -312,9 +312,9 @@ def test_a_task_in_a_private_folder_runs_and_private_files_stay_private(forge, s
 
 def test_the_verifier_runs_with_exactly_the_documented_environment(forge, shared_tmp):
     from rollout._backends.base import verifier_env
-    test_sh = ('python3 -c "import json, os; json.dump({\'reward\': 1, \'env\': dict(os.environ), \'cwd\': os.getcwd(), '
-               '\'home\': os.listdir(os.environ[\'HOME\'])}, open(os.environ[\'OPENFORGE_REWARD_DIR\'] '
-               '+ \'/reward.json\', \'w\'))"\n')
+    test_sh = ('python3 -c "import json, os; json.dump({\'reward\': 1, \'env\': dict(os.environ), '
+               '\'cwd\': os.getcwd(), \'home\': os.listdir(os.environ[\'HOME\'])}, '
+               'open(os.environ[\'OPENFORGE_REWARD_DIR\'] + \'/reward.json\', \'w\'))"\n')
     task = load_task(write_task(shared_tmp / "tasks", "env", test_sh=test_sh, toml="[verifier.env]\nMY_KEY = 'x'\n"))
     harness = CommandHarness("bash", "-c", "echo 'export LD_PRELOAD=x' >> ~/.bashrc; mkdir -p /tmp/openforge-verifier/"
                              "home; touch /tmp/openforge-verifier/home/planted", env={"LD_PRELOAD": "", "EVIL": "1"})

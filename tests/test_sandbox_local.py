@@ -191,7 +191,8 @@ print(json.dumps({"harness_err": h.stderr.decode(), "outputs": {k: x.decode() fo
 
 def test_not_as_root_the_reward_folder_is_the_verifiers_alone(shared_tmp):
     """``LocalBackend(run_as=None)``, the path taken when the orchestrator is not root (as root, the test runs it as
-    ``nobody`` under the system python3, which needs nothing but the stdlib): the sandbox user owns every host folder, so the harness may write the reward folder, but nothing it wrote (or a process it left) reaches the
+    ``nobody`` under the system python3, which needs nothing but the stdlib): the sandbox user owns every host folder,
+    so the harness may write the reward folder, but nothing it wrote (or a process it left) reaches the
     verifier's result, and a workspace it made unreadable is readable again for the verifier."""
     tests = shared_tmp / "nr-tests"
     tests.mkdir()
