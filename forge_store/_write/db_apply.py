@@ -198,14 +198,16 @@ def reanchor(row: dict, refused: Mapping[str, dict]) -> dict | None:
         r, k = refused[row["prompt_base_call_id"]], row["prompt_base_len"]
         base = r.get("prompt_base_call_id")
         shared = r.get("prompt_base_len") or 0 if base else 0
-        row["prompt_base_call_id"], row["prompt_base_len"] = (base if min(k, shared) else None), min(k, shared)
+        row["prompt_base_call_id"] = base if min(k, shared) else None
+        row["prompt_base_len"] = min(k, shared)
         if k > shared:
             row["prompt_tail"] = list(r["prompt_tail"][:k - shared]) + list(row["prompt_tail"])
     while row.get("prompt_ids_base_call_id") in refused:
         r, k = refused[row["prompt_ids_base_call_id"]], row["prompt_ids_prefix_len"]
         base = r.get("prompt_ids_base_call_id")
         shared = r.get("prompt_ids_prefix_len") or 0 if base else 0
-        row["prompt_ids_base_call_id"], row["prompt_ids_prefix_len"] = (base if min(k, shared) else None), min(k, shared)
+        row["prompt_ids_base_call_id"] = base if min(k, shared) else None
+        row["prompt_ids_prefix_len"] = min(k, shared)
         if k > shared:
             past = _ids_raw(r.get("prompt_ids_tail")) + _completion_raw(r.get("completion_ids"))
             if len(past) < (k - shared) * 4:
