@@ -114,3 +114,25 @@ def test_a_restarted_writer_re_anchors_past_calls_refused_before_it_started(tmp_
         assert all(c.prompt_token_ids == whole[int(c.id[-1])].prompt_token_ids for c in calls)
         assert all(c.messages == whole[int(c.id[-1])].messages for c in calls)
         assert [d["call_id"] for d in damage["r1"]] == ["r1-c1", "r1-c2"]
+
+
+@pytest.mark.parametrize("drain", ["thread", "process"])
+def test_an_answered_and_a_failed_call_in_one_batch_both_land(store_url, settings, drain):
+    """A call without an answer message (an upstream error) batched after answered calls: every row of one
+    executemany needs the same keys, so the failed call's row carries ``response_message_hash`` None."""
+    with open_store(store_url, journal=True, settings=settings, drain=drain) as st:
+        _seed(st)
+        st.start_rollout("r1", group_id="g1", task_id="t1", policy_version_id="p1")
+        ok = make_call("r1-c0", "r1", 0)
+        failed = make_call("r1-c1", "r1", 1, completion_ids=[], error_class="upstream_error",
+                           error_detail="engine said 500")
+        failed.response, failed.response_message, failed.completion_logprobs = None, None, None
+        failed.finish_reason, failed.token_exact = None, False
+        for rec in (ok, failed, make_call("r1-c2", "r1", 2)):
+            st.record_call(rec)
+        assert st.flush(30)
+        assert st.writer_status()["dead_letters"] == 0
+    with open_store(store_url, settings=settings) as st:
+        calls = st.calls("r1")
+        assert [c.id for c in calls] == ["r1-c0", "r1-c1", "r1-c2"]
+        assert calls[1].response_message is None and calls[1].error_class == "upstream_error"

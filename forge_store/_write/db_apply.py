@@ -138,6 +138,7 @@ def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
         raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored "
                             f"({exc})") from None
     answer = op.get("resp")
+    row.setdefault("response_message_hash", None)  # every row of a batch has the same keys (executemany)
     if answer is not None:
         try:
             body = canonical_json(answer).decode()
