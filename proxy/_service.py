@@ -286,6 +286,10 @@ class ProxyService:
             rec.finish_reason = str(rec.finish_reason)[:FINISH_REASON_MAX]
         rec.prompt_token_ids, rec.completion_token_ids = comp.prompt_token_ids, comp.completion_token_ids
         rec.completion_logprobs = comp.checked_logprobs()
+        if rec.completion_logprobs is None and comp.logprobs is not None and comp.completion_token_ids is not None:
+            # not one logprob per token: not stored (the store refuses them), said here so the export can exclude it
+            rec.metadata = {**(rec.metadata or {}), "logprob_mismatch": {
+                "logprobs": len(comp.logprobs), "completion_tokens": len(comp.completion_token_ids)}}
         rec.token_exact = comp.token_exact and rec.error_class is None
 
     async def _recording_failure(self, awaitable, rec: CallRecord, t0: float, part: PromptPart):

@@ -315,3 +315,21 @@ def test_an_answer_with_a_nul_character_is_stored_on_postgresql_and_the_rollout_
         assert first.response["text"] == first.response_message["content"] == messages[1]["content"] == "zero \x00 byte"
         assert second.messages == messages[:3] and second.response["text"] == "next"
         assert first.token_exact and second.token_exact
+
+
+def test_logprobs_not_one_per_token_are_not_stored_and_the_call_says_so():
+    """An engine that sends 2 logprobs for 3 tokens: the store cannot use them (none are stored) and the call's
+    metadata records the counts, which the learner's export turns into a ``logprob_mismatch`` exclusion."""
+    from proxy._protocols.completion import Completion
+    from proxy._service import ProxyService
+    from tests.conftest import make_call
+
+    rec = make_call("c1", "r1", 0)
+    ProxyService._fill(rec, Completion(text="hi", finish_reason="stop", prompt_token_ids=[1, 2],
+                                       completion_token_ids=[5, 6, 7], logprobs=[-0.1, -0.2]))
+    assert rec.completion_logprobs is None
+    assert rec.metadata["logprob_mismatch"] == {"logprobs": 2, "completion_tokens": 3}
+    ok = make_call("c2", "r1", 1)
+    ProxyService._fill(ok, Completion(text="hi", finish_reason="stop", prompt_token_ids=[1, 2],
+                                      completion_token_ids=[5, 6], logprobs=[-0.1, -0.2]))
+    assert ok.completion_logprobs == [-0.1, -0.2] and "logprob_mismatch" not in (ok.metadata or {})
