@@ -131,6 +131,7 @@ def write_task(root: Path, name: str, *, test_sh: str, toml: str = "", instructi
 # A verifier that passes when /workspace/answer.txt says "42".
 ANSWER_TEST = """#!/bin/bash
 mkdir -p "$OPENFORGE_REWARD_DIR"
+cd "$OPENFORGE_WORKSPACE"   # the verifier starts in its own fresh HOME (docs/rollouts.md)
 if [ "$(cat answer.txt 2>/dev/null)" = "42" ]; then r=1; else r=0; fi
 echo "{\\"reward\\": $r, \\"checks\\": {\\"answer\\": $r}}" > "$OPENFORGE_REWARD_DIR/reward.json"
 """
