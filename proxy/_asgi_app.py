@@ -17,7 +17,7 @@ import logging
 import orjson
 
 from ._errors import ProxyError
-from ._exchange import CallHeaders, ClientGone, Last, Reply, StreamReply
+from ._exchange import CALL_ID_HEADER, CallHeaders, ClientGone, Last, Reply, StreamReply
 from ._metrics import Metrics
 from ._protocols.contract import WireProtocol
 from ._protocols.registry import Protocols
@@ -53,9 +53,10 @@ class ProxyApp:
             if isinstance(reply, StreamReply):
                 await self._stream(reply, receive, send)
                 return
-            await send({"type": "http.response.start", "status": reply.status,
-                        "headers": [(b"content-type", reply.content_type.encode()),
-                                    (b"content-length", str(len(reply.body)).encode())]})
+            headers = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(reply.body)).encode())]
+            if reply.call_id is not None:
+                headers.append((CALL_ID_HEADER, reply.call_id.encode()))
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             await send({"type": "http.response.body", "body": reply.body})
             return
         await self.fallback(scope, receive, send)
@@ -70,7 +71,9 @@ class ProxyApp:
         except ClientGone:
             return None
         except ProxyError as exc:
-            return error_reply(exc, protocol.error_body(exc), self.service.metrics)
+            reply = error_reply(exc, protocol.error_body(exc), self.service.metrics)
+            reply.call_id = getattr(exc, "call_id", None)  # set by the service on an error it recorded
+            return reply
         except Exception:
             log.exception("unexpected error serving %s", path)
             exc = ProxyError(500, "the proxy failed on this request (a bug: its log has the traceback); retry, and "
@@ -94,8 +97,10 @@ class ProxyApp:
         watch = asyncio.ensure_future(receive())
         watch.add_done_callback(on_message)
         try:
-            await send({"type": "http.response.start", "status": reply.status,
-                        "headers": [(b"content-type", reply.content_type.encode()), (b"cache-control", b"no-cache")]})
+            headers = [(b"content-type", reply.content_type.encode()), (b"cache-control", b"no-cache")]
+            if reply.call_id is not None:  # assigned before the first byte: it goes out with the head
+                headers.append((CALL_ID_HEADER, reply.call_id.encode()))
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
             ended = False
             async for chunk in chunks:
                 ended = type(chunk) is Last  # the final piece ends the body: one send, not two

@@ -11,6 +11,9 @@ import orjson
 from ._errors import ProxyError
 
 JSON = "application/json"
+# Names the stored call on every answer to a call the proxy recorded (errors included); written in lower case, as
+# HTTP/2 and ASGI require (header names are case-insensitive).
+CALL_ID_HEADER = b"x-openforge-call-id"
 Receive = Callable[[], Awaitable[dict]]
 
 
@@ -47,6 +50,7 @@ class Reply:
     status: int
     body: bytes
     content_type: str = JSON
+    call_id: str | None = None  # the stored call this answers (``CALL_ID_HEADER``); None: nothing was recorded
 
 
 class Last(bytes):
@@ -61,6 +65,7 @@ class StreamReply:
     status: int = 200
     content_type: str = "text/event-stream; charset=utf-8"
     abandon: Callable[[], None] | None = None  # frees what ``chunks`` holds if it is dropped before its first step
+    call_id: str | None = None  # the stored call (``CALL_ID_HEADER``): assigned before the answer's first byte
 
 
 def too_large(limit: int, declared: int | None = None) -> ProxyError:

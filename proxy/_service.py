@@ -195,7 +195,7 @@ class ProxyService:
             raise exc from None
         self._fill(rec, protocol.parse(data))
         await self._record(rec, t0, part)
-        reply = Reply(200, orjson.dumps(protocol.answer(data, wants)))
+        reply = Reply(200, orjson.dumps(protocol.answer(data, wants)), call_id=rec.id)
         self._soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)
         return reply
 
@@ -205,7 +205,7 @@ class ProxyService:
         rec.error_class, rec.error_detail = f"upstream_http_{status}", body[:2000].decode(errors="replace")
         await self._record(rec, t0, part)
         body, media_type = protocol.upstream_error(status, body, content_type)
-        return Reply(status, body, media_type or JSON)
+        return Reply(status, body, media_type or JSON, rec.id)
 
     # ---- a stream ---------------------------------------------------------------------------------------------
     async def _stream(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
@@ -224,7 +224,8 @@ class ProxyService:
                 stream.close()
                 self.rollouts.leave()
 
-        return StreamReply(self._relay(stream, protocol.relay(wants), rec, t0, part, begun), abandon=abandon)
+        return StreamReply(self._relay(stream, protocol.relay(wants), rec, t0, part, begun), abandon=abandon,
+                           call_id=rec.id)
 
     async def _relay(self, stream, relay, rec: CallRecord, t0: float, part: PromptPart, begun: list[bool]):
         begun[0] = True
@@ -303,6 +304,7 @@ class ProxyService:
     async def _record_failure(self, rec: CallRecord, t0: float, part: PromptPart, exc: UpstreamFailure) -> None:
         rec.error_class, rec.error_detail = exc.error_class, exc.message
         await self._record(rec, t0, part)
+        exc.call_id = rec.id  # recorded: the edge's error answer names the call (``CALL_ID_HEADER``)
 
     def _unrecordable(self, rec: CallRecord, exc: Exception) -> ProxyError:
         log.error("could not journal call %s", rec.id, exc_info=exc)

@@ -17,7 +17,7 @@ import urllib.parse
 import httptools
 
 from .._errors import ProxyError
-from .._exchange import CallHeaders, Last, Reply, StreamReply, too_large
+from .._exchange import CALL_ID_HEADER, CallHeaders, Last, Reply, StreamReply, too_large
 from .asgi_bridge import AsgiExchange
 from .eager import start_eagerly
 from .status import status_line
@@ -26,6 +26,11 @@ log = logging.getLogger("proxy")
 
 _MAX_HEAD = 64 << 10  # request line and headers; past it: 431
 _STARTING = object()  # ``Connection.worker`` while the worker runs its first step
+
+
+def _call_id_line(call_id: str | None) -> bytes:
+    """The head's line naming the stored call (``CALL_ID_HEADER``), or nothing where no call was recorded."""
+    return b"" if call_id is None else b"%s: %s\r\n" % (CALL_ID_HEADER, call_id.encode())
 
 
 class Request:
@@ -242,8 +247,8 @@ class Connection(asyncio.Protocol):
         self.loop.call_later(2.0, self.transport.close)
 
     def _write_reply(self, reply: Reply, keep_alive: bool) -> None:
-        head = b"%scontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
-            status_line(reply.status), reply.content_type.encode(), len(reply.body),
+        head = b"%scontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
+            status_line(reply.status), reply.content_type.encode(), len(reply.body), _call_id_line(reply.call_id),
             b"" if keep_alive else b"connection: close\r\n")
         self.transport.write(head + reply.body)
 
@@ -254,8 +259,9 @@ class Connection(asyncio.Protocol):
         stream. A client waits for the first event either way; its read timeout runs the same."""
         chunks = reply.chunks
         self.relaying = True
-        head = b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s\r\n" % (
-            status_line(reply.status), reply.content_type.encode(), b"" if keep_alive else b"connection: close\r\n")
+        head = b"%scontent-type: %s\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n%s%s\r\n" % (
+            status_line(reply.status), reply.content_type.encode(), _call_id_line(reply.call_id),
+            b"" if keep_alive else b"connection: close\r\n")
         try:
             ended = False
             async for chunk in chunks:
