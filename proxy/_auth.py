@@ -60,6 +60,9 @@ class TokenSigner:
         known = self._verified.get(token)
         if known is not None and not (known[1] and time.time() > known[1]):
             return known[0]
+        if not token.isascii():  # a header byte past 0x7f (or a path's %FF): never a token this proxy issued
+            raise unauthorized("API key is not an OpenForge rollout token (it holds bytes other than ASCII): use the "
+                               "token the orchestrator was given for this rollout (POST /admin/rollouts)")
         parts = token.split(".")
         if len(parts) != 4 or parts[0] != PREFIX:
             raise unauthorized("API key is not an OpenForge rollout token: use the token the orchestrator was given "
@@ -78,3 +81,9 @@ class TokenSigner:
             self._verified.clear()
         self._verified[token] = (rollout_id, expires)
         return rollout_id
+
+
+def admin_token_matches(token: str | None, admin_token: str) -> bool:
+    """Whether ``token`` (as the request headers gave it, any bytes) is the admin token; compared in constant time
+    as bytes (``hmac.compare_digest`` refuses strings that are not ASCII)."""
+    return bool(token) and hmac.compare_digest(token.encode("utf-8", "surrogatepass"), admin_token.encode())

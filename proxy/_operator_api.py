@@ -11,20 +11,23 @@ work is the service's, the rollout registry's, the store's and the protocols'.
 from __future__ import annotations
 
 import asyncio
-import hmac
 from contextlib import asynccontextmanager
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from forge_store import InvalidRecord, NotFound
 
 from ._asgi_app import ProxyApp, error_reply
+from ._auth import admin_token_matches
 from ._errors import ProxyError
 from ._exchange import CallHeaders, parse_json, read_body
+from ._protocols.body import check_body
 from ._protocols.contract import SideRoute, WireProtocol
 from ._protocols.registry import Protocols
 from ._service import ProxyService
@@ -40,7 +43,7 @@ class RolloutIn(BaseModel):
     policy_version_id: str | None = None
     backend: str | None = None
     image_ref: str | None = None
-    attempt: int = 1
+    attempt: int = Field(default=1, ge=1, le=2**31 - 1)  # the store's column is 32-bit on PostgreSQL
     retry_of: str | None = None
     metadata: dict | None = None
     ttl_s: float | None = None
@@ -58,7 +61,7 @@ class PolicyIn(BaseModel):
     model_name: str
     checkpoint_id: str | None = None
     checkpoint_hash: str | None = None
-    global_step: int | None = None
+    global_step: int | None = Field(default=None, ge=0, le=2**63 - 1)
     tokenizer_hash: str | None = None
     chat_template_hash: str | None = None
     engine: str | None = None
@@ -72,6 +75,44 @@ class PauseIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     drain: bool = True
     timeout_s: float = 300.0
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx of the operator routes, in OpenAI's shape (documented so that clients and schema checks know it)."""
+
+    error: ErrorDetail
+
+
+ERRORS = {"4XX": {"model": ErrorOut, "description": "the request was refused (the message says why and the fix)"}}
+
+
+def _admin_route(admin_token: str) -> type[APIRoute]:
+    """The operator routes' class: on ``/admin/*`` the admin token is checked before anything else (an
+    unauthenticated request gets a 401, never a list of the fields the body takes), then any body is parsed as
+    strictly as a model call's (``parse_json``, ``check_body``: 400) before FastAPI validates it."""
+
+    class AdminRoute(APIRoute):
+        def get_route_handler(self):
+            handler, guarded = super().get_route_handler(), self.path.startswith("/admin/")
+
+            async def checked(request: Request) -> Response:
+                if guarded and not admin_token_matches(_token_from_headers(request), admin_token):
+                    raise ProxyError(401, "admin API needs the proxy's admin token (Authorization: Bearer ...)",
+                                     type="authentication_error", code="invalid_admin_token")
+                if raw := await request.body():
+                    check_body(parse_json(raw))
+                return await handler(request)
+
+            return checked
+
+    return AdminRoute
 
 
 def create_app(service: ProxyService, protocols: Protocols, *, admin_token: str) -> ProxyApp:
@@ -106,9 +147,15 @@ def _error_handlers(app: FastAPI, protocols: Protocols, service: ProxyService) -
         return await proxy_error(request, ProxyError(400, str(exc), code="invalid_record"))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
-        return JSONResponse({"error": {"message": str(exc.errors()), "type": "invalid_request_error",
-                                       "param": None, "code": "invalid_admin_request"}}, status_code=422)
+    async def validation_error(request: Request, exc: RequestValidationError):  # authenticated first: AdminRoute
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or e['loc'][0]}: {e['msg']}"
+                             for e in exc.errors())
+        exc = ProxyError(400, f"invalid request: {problems}", code="invalid_admin_request")
+        return await proxy_error(request, exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # routing's 404 and 405, in the API's shape
+        return await proxy_error(request, ProxyError(exc.status_code, str(exc.detail), code="http_error"))
 
 
 # ---- harness routes ----------------------------------------------------------------------------------------------
@@ -144,7 +191,9 @@ def _post_route(router: APIRouter, service: ProxyService, route: SideRoute) -> N
     async def answer(request: Request, token: str | None) -> dict:
         await service.rollouts.authorize(token)
         raw = await read_body(request.receive, request.headers.get("content-length"), service.max_body)
-        return await route.post(service.upstream, parse_json(raw))
+        body = parse_json(raw)
+        check_body(body)
+        return await route.post(service.upstream, body)
 
     async def by_header(request: Request):
         return await answer(request, _token_from_headers(request))
@@ -175,14 +224,8 @@ def _refusal_routes(router: APIRouter, route: SideRoute, protocol: WireProtocol)
 
 # ---- operators ---------------------------------------------------------------------------------------------------
 def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: str) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(route_class=_admin_route(admin_token), responses=ERRORS)  # the admin token: AdminRoute
     store, rollouts = service.store, service.rollouts
-
-    def admin(request: Request) -> None:
-        token = _token_from_headers(request)
-        if not token or not hmac.compare_digest(token, admin_token):
-            raise ProxyError(401, "admin API needs the proxy's admin token (Authorization: Bearer ...)",
-                             type="authentication_error", code="invalid_admin_token")
 
     @router.get("/health")
     async def health():
@@ -197,8 +240,7 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @router.post("/admin/rollouts")
-    async def register_rollout(request: Request, body: RolloutIn):
-        admin(request)
+    async def register_rollout(body: RolloutIn):
         fields = body.model_dump(exclude={"rollout_id", "ttl_s"})
         fields["policy_version_id"] = fields["policy_version_id"] or rollouts.policy_version
         rollout_id = await _to_thread(store.start_rollout, body.rollout_id, **fields)
@@ -207,8 +249,7 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
                 "policy_version_id": fields["policy_version_id"]}
 
     @router.post("/admin/rollouts/{rollout_id}/end")
-    async def end_rollout(rollout_id: str, request: Request, body: RolloutEnd | None = None):
-        admin(request)
+    async def end_rollout(rollout_id: str, body: RolloutEnd | None = None):
         was_open = rollouts.end(rollout_id)
         if body is not None and body.outcome:
             try:
@@ -217,11 +258,10 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
                 raise ProxyError(400, str(exc), code="invalid_outcome") from None
         return {"rollout_id": rollout_id, "ended": True, "was_open": was_open}
 
-    _policy_routes(router, service, admin)
+    _policy_routes(router, service)
 
     @router.get("/admin/status")
-    async def status(request: Request):
-        admin(request)
+    async def status():
         return {"paused": rollouts.paused, "in_flight": rollouts.in_flight, "policy_version": rollouts.policy_version,
                 "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect,
                 **{f"{surface}_mode": mode for surface, mode in protocols.modes.items()}}
@@ -229,7 +269,7 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
     return router
 
 
-def _policy_routes(router: APIRouter, service: ProxyService, admin) -> None:
+def _policy_routes(router: APIRouter, service: ProxyService) -> None:
     """Policy versions (record, activate) and the pause that fences a weight update."""
     store, rollouts = service.store, service.rollouts
 
@@ -242,22 +282,19 @@ def _policy_routes(router: APIRouter, service: ProxyService, admin) -> None:
         return previous
 
     @router.post("/admin/policy_versions")
-    async def policy_version(request: Request, body: PolicyIn):
-        admin(request)
+    async def policy_version(body: PolicyIn):
         fields = body.model_dump(exclude={"id", "activate"})
         await _to_thread(store.register_policy_version, body.id, **fields)
         previous = await activate_version(body.id) if body.activate else rollouts.policy_version
         return {"policy_version": body.id, "current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/policy_versions/{version}/activate")
-    async def activate(version: str, request: Request):
-        admin(request)
+    async def activate(version: str):
         previous = await activate_version(version)
         return {"current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/pause")
-    async def pause(request: Request, body: PauseIn | None = None):
-        admin(request)
+    async def pause(body: PauseIn | None = None):
         body = body or PauseIn()
         was_paused = rollouts.paused  # read and set in one loop step: of two pausers, one sees the other's pause
         rollouts.pause()
@@ -266,8 +303,7 @@ def _policy_routes(router: APIRouter, service: ProxyService, admin) -> None:
                 "policy_version": rollouts.policy_version}
 
     @router.post("/admin/resume")
-    async def resume(request: Request):
-        admin(request)
+    async def resume():
         was_paused = rollouts.paused
         rollouts.resume()
         return {"paused": False, "was_paused": was_paused, "policy_version": rollouts.policy_version}

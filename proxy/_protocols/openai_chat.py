@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import orjson
 
 from .._errors import ProxyError, UpstreamFailure
+from .body import check_body, check_image_url
 from .completion import Completion, loads_answer
 from .contract import Translation, WireProtocol
 from .sse import sse_data
@@ -34,8 +35,18 @@ class Wants:
 
 
 def validate(body: dict) -> None:
+    check_body(body)
     if not isinstance(body.get("messages"), list) or not all(isinstance(m, dict) for m in body["messages"]):
         raise ProxyError(400, "'messages' must be a list of message objects", param="messages", code="invalid_messages")
+    for i, m in enumerate(body["messages"]):
+        content = m.get("content")
+        if type(content) is list:  # only image parts' data URLs are looked at: the store keeps them as image blobs
+            for j, part in enumerate(content):
+                if type(part) is dict and part.get("type") == "image_url":
+                    url = part.get("image_url")
+                    url = url.get("url") if isinstance(url, dict) else None
+                    if isinstance(url, str):
+                        check_image_url(url, f"messages.{i}.content.{j}", "messages")
 
 
 def prepare(body: dict, dialect: str) -> tuple[dict, Wants]:

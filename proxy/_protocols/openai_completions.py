@@ -8,6 +8,7 @@ client did not ask.
 from __future__ import annotations
 
 from .._errors import ProxyError
+from .body import check_body
 from .completion import Completion
 from .contract import Translation
 from .openai_chat import PROMPT_KEYS, ChatCompletions, ChatRelay, Wants
@@ -15,6 +16,7 @@ from .openai_chat import StreamState as ChatStreamState
 
 
 def validate(body: dict) -> None:
+    check_body(body)
     if "prompt" not in body:
         raise ProxyError(400, "'prompt' is required: a string, a list of strings or a list of token ids",
                          param="prompt", code="missing_prompt")

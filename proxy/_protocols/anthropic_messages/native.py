@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..._errors import ProxyError
+from ..body import NOT_AN_IMAGE
 from ..completion import Completion, chat_tool_call
 from ..contract import Translation
 from ..errors import upstream_message
@@ -66,7 +67,9 @@ class NativeMessages(Messages):
     def translate(self, body: dict, dialect: str, rollout_id: str | None) -> Translation:
         try:
             messages = chat_messages(body, {})
-        except (ProxyError, TypeError, AttributeError, KeyError, ValueError):  # the upstream judges; store as sent
+        except (ProxyError, TypeError, AttributeError, KeyError, ValueError) as exc:  # the upstream judges: as sent
+            if getattr(exc, "code", None) == NOT_AN_IMAGE:  # but a non-image is never kept as an image blob
+                raise
             messages = [{"role": "system", "content": body.get("system")}, *body["messages"]]
         params = {k: v for k, v in body.items() if k not in PROMPT_FIELDS}
         return Translation(messages, body.get("tools"), body, None, params, bool(body.get("stream")),

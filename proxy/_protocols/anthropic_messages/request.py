@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import orjson
 
+from ..body import check_body, check_image_media_type, check_image_url
 from ..completion import chat_tool_call
 from ..errors import bad_request
 
@@ -23,6 +24,7 @@ _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream
 
 
 def validate(body: dict) -> None:
+    check_body(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
         raise bad_request("messages: Field required: a list of message objects", "messages", "invalid_messages")
@@ -48,8 +50,11 @@ def validate(body: dict) -> None:
 def _image(block: dict, where: str) -> dict:
     src = block.get("source") if isinstance(block.get("source"), dict) else {}
     if src.get("type") == "base64" and isinstance(src.get("data"), str):
+        if src.get("media_type") is not None:
+            check_image_media_type(src["media_type"], where, "messages")
         url = f"data:{src.get('media_type') or 'image/png'};base64,{src['data']}"
     elif src.get("type") == "url" and isinstance(src.get("url"), str):
+        check_image_url(src["url"], where, "messages")
         url = src["url"]
     else:
         raise bad_request(f"{where}: an image needs a base64 or url source", "messages", "invalid_image")

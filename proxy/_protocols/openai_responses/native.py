@@ -8,6 +8,7 @@ from __future__ import annotations
 import orjson
 
 from ..._errors import ProxyError
+from ..body import NOT_AN_IMAGE
 from ..completion import Completion, chat_tool_call
 from ..contract import Translation
 from ..passthrough import PassthroughRelay
@@ -68,7 +69,9 @@ class NativeResponses(Responses):
         try:
             _, tmap = chat_tools(body.get("tools") or [], {})
             messages = input_messages([{"role": "user", "content": inp}] if isinstance(inp, str) else inp, tmap, {})
-        except (ProxyError, TypeError, AttributeError, KeyError, ValueError):
+        except (ProxyError, TypeError, AttributeError, KeyError, ValueError) as exc:
+            if getattr(exc, "code", None) == NOT_AN_IMAGE:  # never keep a non-image as an image blob
+                raise
             messages = [{"role": "input", "content": inp}]  # the native upstream judges its own items: store as sent
         if isinstance(body.get("instructions"), str):
             messages.insert(0, {"role": "system", "content": body["instructions"]})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import orjson
 
+from ..body import check_body, check_image_url
 from ..completion import chat_tool_call
 from ..errors import bad_request
 from .answer import ToolMap, unseal
@@ -26,6 +27,7 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_t
 
 
 def validate(body: dict) -> None:
+    check_body(body)
     inp = body.get("input")
     if inp is None and not body.get("previous_response_id"):
         raise bad_request("'input' is required: a string or a list of input items", "input", "missing_input")
@@ -60,6 +62,7 @@ def _parts(content, where: str):
         if kind in _TEXT_PARTS or kind == "refusal":
             out.append({"type": "text", "text": p.get("text") or p.get("refusal") or ""})
         elif kind == "input_image" and isinstance(p.get("image_url"), str):
+            check_image_url(p["image_url"], where, "input")
             url = {"url": p["image_url"], **({"detail": p["detail"]} if p.get("detail") else {})}
             out.append({"type": "image_url", "image_url": url})
         else:
