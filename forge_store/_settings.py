@@ -45,6 +45,25 @@ class Settings(BaseSettings):
         default=None, description="HMAC secret that signs rollout tokens. Default: generated into HOME/proxy-secret."
     )
     proxy_max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest request body the proxy accepts.")
+    # The proxy's HTTP server faces every sandbox: what one client connection may hold, and for how long.
+    proxy_head_timeout_s: float = Field(
+        default=10.0, gt=0, description="A request's line and headers must be whole this long after its first byte "
+        "(a deadline: a trickle does not extend it); past it: 408 and the connection closes.")
+    proxy_body_timeout_s: float = Field(
+        default=60.0, gt=0, description="A request's body must be whole this long after its head; past it: 408.")
+    proxy_idle_timeout_s: float = Field(
+        default=75.0, gt=0, description="A kept-alive client connection with no request for this long is closed.")
+    proxy_write_timeout_s: float = Field(
+        default=60.0, gt=0, description="A client that reads none of its answer for this long (its socket stays "
+        "full) is disconnected.")
+    proxy_max_head_bytes: int = Field(
+        default=64 << 10, ge=1024, description="Largest request line and headers; 431 as soon as it is passed.")
+    proxy_max_pipelined: int = Field(
+        default=16, ge=1, description="Requests a connection may send ahead of their answers; past it the proxy "
+        "stops reading that connection until they are answered.")
+    proxy_max_connections: int = Field(
+        default=1024, ge=1, description="Client connections served at once (at most half the descriptor limit); "
+        "past it a new one gets a 503 with Retry-After.")
     proxy_connect_timeout_s: float = Field(default=5.0, gt=0, description="Upstream connect timeout.")
     proxy_read_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest silence from the upstream (per read) before the call is a 504."

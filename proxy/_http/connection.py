@@ -4,7 +4,12 @@ Requests are parsed as bytes arrive and queued; one task per busy connection ans
 requests included). A model call is started eagerly (``eager``) and answered by ``ProxyApp.answer``; its reply goes
 out in one write, a stream's events as chunks as they come, and a client that disconnects mid-stream cancels the
 relay, which records what was sent. Any other request goes through the ASGI bridge. Writes wait while the client's
-socket buffer is full; an idle keep-alive connection closes after the server's ``keepalive_s``.
+socket buffer is full.
+
+A client is held to the server's ``HttpLimits`` (``limits`` says what each bounds): one read deadline at a time,
+set from where the parser is after each read (a head's, a body's, or the idle one between requests while nothing is
+being answered), never re-armed by bytes alone; reading pauses while ``max_pipelined`` requests wait; a write
+deadline runs while the client's socket is full; past the connection cap a new connection gets a 503.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from .._errors import ProxyError
 from .._exchange import CALL_ID_HEADER, CallHeaders, Last, Reply, StreamReply, too_large
 from .asgi_bridge import AsgiExchange
 from .eager import start_eagerly
+from .limits import BETWEEN, BODY, HEAD, WRITE_HIGH_WATER, Limited, head_too_large
 from .status import status_line
 
 log = logging.getLogger("proxy")
 
-_MAX_HEAD = 64 << 10  # request line and headers; past it: 431
 _STARTING = object()  # ``Connection.worker`` while the worker runs its first step
+_PIECE = 64 << 10  # bytes parsed at a time: between pieces the head is measured and reading can stop
 
 
 def _call_id_line(call_id: str | None) -> bytes:
@@ -47,35 +53,50 @@ class Request:
         self.target: tuple | None = None  # (parsed URL, path, model-call route or None), once parsed
 
 
-class Connection(asyncio.Protocol):
+class Connection(Limited, asyncio.Protocol):
     """One client connection (see the module docstring)."""
 
     def __init__(self, front):  # its HttpServer (which imports this module)
-        self.front, self.app = front, front.app
+        self.front, self.app, self.limits = front, front.app, front.limits
         self.loop = front.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[Request] = collections.deque()
+        self.queued = 0  # bytes of the requests in ``queue``
         self.cur: Request | None = None
         self.worker: asyncio.Task | None = None
         self.relaying = False  # the worker relays a stream: a disconnect cancels it
         self.gone = False
         self.stop_reading = False  # after an upgrade, an error or a body past the limit: nothing more is parsed
-        self.idle: asyncio.TimerHandle | None = None
+        self.paused, self.resume_due = False, False  # reading paused while ``max_pipelined`` requests wait
+        self.backlog = b""  # read but not parsed when reading paused
+        self.phase, self.begun, self.head_seen = BETWEEN, 0, 0  # where the parser is; requests begun; head bytes
+        self.timed: tuple | None = (0, BETWEEN)  # the (begun, phase) the read deadline was set for
+        self.deadline: asyncio.TimerHandle | None = None  # the read deadline (head, body or idle)
+        self.deadline_kind: str | None = None
+        self.write_timer: asyncio.TimerHandle | None = None  # runs while the client's socket is full
+        self.refused = False  # over the connection cap: answered 503, closing
         self.lost = front.loop.create_future()  # resolves when the client disconnects (ASGI http.disconnect)
         self._writable: asyncio.Future | None = None
 
     # ---- asyncio.Protocol ---------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if len(self.front.connections) >= self.front.max_connections:
+            self._refuse_connection()
+            return
         self.front.connections.add(self)
-        self._arm_idle()
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._arm(self.limits.head_timeout_s, "first")  # a fresh connection's first head is due from the connect
 
     def connection_lost(self, exc) -> None:
         self.gone = True
         self.front.connections.discard(self)
-        if self.idle is not None:
-            self.idle.cancel()
+        if self.refused:
+            self.front.lingering -= 1
+        self._arm(None)
+        if self.write_timer is not None:
+            self.write_timer.cancel()
         if not self.lost.done():
             self.lost.set_result(None)
         if self._writable is not None and not self._writable.done():
@@ -85,8 +106,12 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable = self.loop.create_future()
+        self.write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_expired)
 
     def resume_writing(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._writable = None
@@ -94,11 +119,28 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.stop_reading:
             return
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
+        if self.paused:
+            self.backlog += data
+            return
+        if len(data) <= _PIECE:
+            self._feed(data)
+        else:
+            view = memoryview(data)
+            for at in range(0, len(data), _PIECE):
+                if self.stop_reading:
+                    break
+                if self.paused:
+                    self.backlog = bytes(view[at:])
+                    break
+                self._feed(view[at:at + _PIECE])
+        self._set_deadline()
+
+    def _feed(self, piece) -> None:
+        """Parse ``piece``; a head still incomplete after it is measured (the parser keeps a header being received
+        to itself: a head's size is its pieces', less what of the first belonged to the request before)."""
+        cur, in_head = self.cur, self.phase == HEAD
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(piece)
         except httptools.HttpParserUpgrade:  # the upgrade request is complete; the connection ends after its answer
             self.stop_reading = True
         except httptools.HttpParserCallbackError:
@@ -109,10 +151,25 @@ class Connection(asyncio.Protocol):
             req.error, req.keep_alive = ProxyError(400, f"malformed HTTP request ({exc}); send HTTP/1.1",
                                                    code="bad_http"), False
             self._enqueue(req)
+            return
+        if self.phase == HEAD and not self.stop_reading:
+            self.head_seen = self.head_seen + len(piece) if in_head and self.cur is cur else 0
+            size = max(self.head_seen, self.cur.head)
+            if size > self.limits.max_head_bytes:
+                self._refuse_current(head_too_large(size, self.limits.max_head_bytes))
+
+    def _refuse_current(self, error: ProxyError) -> None:
+        """Answer the request being received with ``error`` without reading the rest; the connection closes."""
+        req = self.cur
+        req.error, req.keep_alive, req.chunks = error, False, []
+        self.stop_reading = True
+        self._enqueue(req)
 
     # ---- httptools callbacks --------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.cur = Request()
+        self.phase, self.head_seen = HEAD, 0
+        self.begun += 1
 
     def on_url(self, url: bytes) -> None:
         self.cur.url += url
@@ -129,9 +186,9 @@ class Connection(asyncio.Protocol):
         cur.http_version = parser.get_http_version()
         cur.keep_alive = parser.should_keep_alive()
         cur.upgrade = parser.should_upgrade()
-        if cur.head > _MAX_HEAD:
-            cur.error = ProxyError(431, f"request line and headers of {cur.head:,} bytes are over the proxy's limit "
-                                        f"of {_MAX_HEAD:,}; send fewer or shorter headers", code="headers_too_large")
+        self.phase = BODY
+        if cur.head > self.limits.max_head_bytes:
+            cur.error = head_too_large(cur.head, self.limits.max_head_bytes)
         expect = False
         for name, value in cur.headers:
             if name == b"content-length" and value.isdigit() and int(value) > self.front.max_body:
@@ -158,6 +215,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         cur = self.cur
+        self.phase = BETWEEN
         if cur.error is not None:
             return
         cur.body = cur.chunks[0] if len(cur.chunks) == 1 else b"".join(cur.chunks)
@@ -169,17 +227,19 @@ class Connection(asyncio.Protocol):
     # ---- answering ----------------------------------------------------------------------------------------------
     def _enqueue(self, req: Request) -> None:
         self.queue.append(req)
+        self.queued += req.size + req.head
         if self.worker is None:
-            if self.idle is not None:  # a request of the same read: the connection is busy again
-                self.idle.cancel()
-                self.idle = None
             if req.error is not None or req.method != "POST" or not self._model_call(req):
                 self.worker = self.loop.create_task(self._serve())
-                return
-            self.worker = _STARTING  # requests parsed while it starts queue behind it
-            task = start_eagerly(self.loop, self._serve())
-            if self.worker is _STARTING:  # still at work (it sets None itself when it ends before its first wait)
-                self.worker = task
+            else:
+                self.worker = _STARTING  # requests parsed while it starts queue behind it
+                task = start_eagerly(self.loop, self._serve())
+                if self.worker is _STARTING:  # still at work (it sets None itself when it ends before its first wait)
+                    self.worker = task
+        if not (self.paused or self.stop_reading) and (len(self.queue) >= self.limits.max_pipelined
+                                                       or self.queued > self.front.max_body):
+            self.paused = True  # read no more until the answers catch up (``_resume``)
+            self.transport.pause_reading()
 
     def _model_call(self, req: Request) -> bool:
         try:
@@ -201,10 +261,16 @@ class Connection(asyncio.Protocol):
         try:
             while self.queue and not self.gone:
                 req = self.queue.popleft()
+                self.queued -= req.size + req.head
+                if self.paused and not self.resume_due and len(self.queue) < self.limits.max_pipelined \
+                        and self.queued <= self.front.max_body:
+                    self.resume_due = True  # not from here: this may run inside the parser (an eager start)
+                    self.loop.call_soon(self._resume)
                 if req.error is not None:
                     self._refuse(req)  # it closes the connection when the client has read the answer
                     return
                 await self._dispatch(req)
+                await self.drain()  # the next answer waits until the client reads: output stays bounded
                 if not req.keep_alive or self.front.stopping:
                     self.transport.close()
                     return
@@ -242,9 +308,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserInvalidURLError:
             path = "/"
         self._write_reply(self.app.error_reply(req.error, path), False)
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(2.0, self.transport.close)
+        self._linger_close()
 
     def _write_reply(self, reply: Reply, keep_alive: bool) -> None:
         head = b"%scontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
@@ -294,10 +358,9 @@ class Connection(asyncio.Protocol):
     def _arm_idle(self) -> None:
         if self.front.stopping:
             self.transport.close()
-            return
-        if self.idle is not None:
-            self.idle.cancel()
-        self.idle = self.loop.call_later(self.front.keepalive_s, self.transport.close)
+        elif self.phase == BETWEEN and not self.paused:  # else a begun request's deadline runs
+            self.timed = (self.begun, BETWEEN)
+            self._arm(self.limits.idle_timeout_s, "idle")
 
     def shutdown(self) -> None:
         """Server stopping: an idle connection closes now, a busy one after its current answer."""

@@ -9,8 +9,10 @@ metrics, models, token counting, the admin API, websocket handshakes) is served 
 small ASGI bridge, so its behaviour does not depend on which server runs it; ``ProxyApp`` stays a plain ASGI app
 that any ASGI server can serve.
 
-``connection`` serves one client connection, ``asgi_bridge`` the routes that go through ASGI, ``eager`` starts a
-model call in the step that parsed it. ``stop()`` stops accepting, closes idle connections, lets calls in flight
+``connection`` serves one client connection, held to the ``HttpLimits`` of ``limits`` (deadlines for a request's
+head and body, an idle timeout, the head size, pipelined requests, a write timeout, a connection cap: a client
+facing server needs them all), ``asgi_bridge`` the routes that go through ASGI, ``eager`` starts a model call in the
+step that parsed it. ``stop()`` stops accepting, closes idle connections, lets calls in flight
 finish for up to ``graceful_s`` and then cuts them (their relays record what was sent).
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from .._asgi_app import ProxyApp
 from .asgi_bridge import Lifespan
 from .connection import Connection
+from .limits import HttpLimits
 
 log = logging.getLogger("proxy")
 
@@ -35,8 +38,12 @@ class HttpServer:
     ``serve()`` runs in the caller's event loop (the CLI's); ``start_in_thread()`` runs it in a thread with its own
     loop (the embedded proxy of ``openforge run``, tests)."""
 
-    def __init__(self, app: ProxyApp, *, max_body: int, keepalive_s: float = 75.0, graceful_s: float = 30.0):
-        self.app, self.max_body, self.keepalive_s, self.graceful_s = app, max_body, keepalive_s, graceful_s
+    def __init__(self, app: ProxyApp, *, max_body: int, limits: HttpLimits | None = None, graceful_s: float = 30.0):
+        """``limits``: by default from the environment's settings (``HttpLimits.from_settings``)."""
+        self.app, self.max_body, self.graceful_s = app, max_body, graceful_s
+        self.limits = limits if limits is not None else HttpLimits.from_settings()
+        self.max_connections = self.limits.max_connections  # lowered at start to what the descriptor limit allows
+        self.lingering = 0  # connections refused over the cap and closing
         self.connections: set[Connection] = set()
         self.stopping = False
         self.state: dict = {}
@@ -48,6 +55,7 @@ class HttpServer:
     async def serve(self, sockets: list[socket.socket]) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self.max_connections = self.limits.connection_cap()
         lifespan = Lifespan(self.app, self.state)
         await lifespan.startup()
         servers = [await self.loop.create_server(lambda: Connection(self), sock=s, backlog=2048) for s in sockets]
