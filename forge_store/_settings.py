@@ -87,6 +87,15 @@ class Settings(BaseSettings):
         default=False, description="Accept calls without a rollout token (recorded with no rollout)."
     )
     proxy_pause_max_s: float = Field(default=300.0, gt=0, description="Longest a call waits while the proxy is paused.")
+    proxy_rollout_max_calls: int | None = Field(
+        default=None, ge=1, description="Default per-rollout budget: the most model calls a rollout may make (a "
+        "registration's `max_calls` overrides it; unset: no limit).")
+    proxy_rollout_max_tokens: int | None = Field(
+        default=None, ge=1, description="Default per-rollout budget: the most prompt + completion tokens (the recorded "
+        "usage of its calls) a rollout may spend (a registration's `max_tokens` overrides it; unset: no limit).")
+    proxy_rollout_max_wall_s: float | None = Field(
+        default=None, gt=0, description="Default per-rollout budget: the most seconds since registration a rollout may "
+        "call in (a registration's `max_wall_s` overrides it; unset: no limit).")
     proxy_responses_mode: Literal["translate", "native"] = Field(
         default="translate",
         description="/v1/responses: 'translate' to upstream chat completions with token ids (vLLM, SGLang), or "

@@ -53,7 +53,8 @@ class ProxyApp:
             if isinstance(reply, StreamReply):
                 await self._stream(reply, receive, send)
                 return
-            headers = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(reply.body)).encode())]
+            headers = [(b"content-type", reply.content_type.encode()),
+                       (b"content-length", str(len(reply.body)).encode())]
             if reply.call_id is not None:
                 headers.append((CALL_ID_HEADER, reply.call_id.encode()))
             await send({"type": "http.response.start", "status": reply.status, "headers": headers})

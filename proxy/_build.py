@@ -9,6 +9,7 @@ from forge_store import Settings, Store, open_store
 
 from ._asgi_app import ProxyApp
 from ._auth import TokenSigner, load_or_create_secret
+from ._budgets import Limits
 from ._metrics import Metrics
 from ._operator_api import create_app
 from ._protocols.openai_chat import DIALECTS
@@ -47,6 +48,8 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
     rollouts = RolloutRegistry(store, signer, allow_unbound=settings.proxy_allow_unbound,
                                pause_max_s=settings.proxy_pause_max_s)
     rollouts.policy_version = policy_version
+    rollouts.default_limits = Limits(settings.proxy_rollout_max_calls, settings.proxy_rollout_max_tokens,
+                                     settings.proxy_rollout_max_wall_s)
     upstream = Upstream(upstream_url, api_key=upstream_api_key, connect_timeout_s=settings.proxy_connect_timeout_s,
                         read_timeout_s=settings.proxy_read_timeout_s)
     service = ProxyService(store, upstream, rollouts, redactor=redactor, metrics=Metrics(), dialect=dialect,

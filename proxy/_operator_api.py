@@ -25,6 +25,7 @@ from forge_store import InvalidRecord, NotFound
 
 from ._asgi_app import ProxyApp, error_reply
 from ._auth import admin_token_matches
+from ._budgets import Limits
 from ._errors import ProxyError
 from ._exchange import CallHeaders, parse_json, read_body
 from ._protocols.body import check_body
@@ -47,6 +48,10 @@ class RolloutIn(BaseModel):
     retry_of: str | None = None
     metadata: dict | None = None
     ttl_s: float | None = None
+    # the rollout's budget (``proxy._budgets``), over the proxy's defaults (settings); None: the default
+    max_calls: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_wall_s: float | None = Field(default=None, gt=0)
 
 
 class RolloutEnd(BaseModel):
@@ -241,12 +246,16 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
 
     @router.post("/admin/rollouts")
     async def register_rollout(body: RolloutIn):
-        fields = body.model_dump(exclude={"rollout_id", "ttl_s"})
+        fields = body.model_dump(exclude={"rollout_id", "ttl_s", "max_calls", "max_tokens", "max_wall_s"})
         fields["policy_version_id"] = fields["policy_version_id"] or rollouts.policy_version
         rollout_id = await _to_thread(store.start_rollout, body.rollout_id, **fields)
-        _, token = rollouts.register(rollout_id, body.ttl_s)
+        binding, token = rollouts.register(rollout_id, body.ttl_s)
+        rollouts.limit(binding, Limits(body.max_calls, body.max_tokens, body.max_wall_s))
+        limits = binding.budget.limits if binding.budget is not None else Limits()
         return {"rollout_id": rollout_id, "token": token, "path_prefix": f"/r/{token}",
-                "policy_version_id": fields["policy_version_id"]}
+                "policy_version_id": fields["policy_version_id"],
+                "budget": {"max_calls": limits.max_calls, "max_tokens": limits.max_tokens,
+                           "max_wall_s": limits.max_wall_s}}
 
     @router.post("/admin/rollouts/{rollout_id}/end")
     async def end_rollout(rollout_id: str, body: RolloutEnd | None = None):

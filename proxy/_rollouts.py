@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from forge_store import NotFound, Store
 
 from ._auth import TokenSigner
+from ._budgets import Budget, Limits
 from ._errors import ProxyError, unauthorized
 
 
@@ -26,6 +27,7 @@ class Binding:
     first_call_by_request: OrderedDict = field(default_factory=OrderedDict)
     last_seq: int = 0
     ended: bool = False
+    budget: Budget | None = None  # what it may still spend (``proxy._budgets``); None: no limit
 
     def next_seq(self) -> int:
         """Calls are ordered by start time; strictly increasing even if the clock steps back."""
@@ -50,6 +52,7 @@ class RolloutRegistry:
         self._ended: set[str] = set()
         self._unbound = Binding(None)
         self.policy_version: str | None = None
+        self.default_limits = Limits()  # a rollout's budget where its registration gives none (settings)
         self._running = asyncio.Event()
         self._running.set()
         self.in_flight = 0
@@ -94,6 +97,22 @@ class RolloutRegistry:
             self._ended.add(rollout_id)
             raise unauthorized(f"rollout {rollout_id!r} has ended; its token no longer works")
         return self._open.setdefault(rollout_id, Binding(rollout_id))
+
+    # ---- budgets (``proxy._budgets``) ------------------------------------------------------------------------
+    def limit(self, binding: Binding, limits: Limits) -> None:
+        """``limits``, over ``default_limits``, become the rollout's budget, its clock starting now. A repeated
+        registration of an open rollout changes its limits but keeps what it has spent and when it started."""
+        limits = limits.over(self.default_limits)
+        if binding.budget is not None:
+            binding.budget.limits = limits
+        elif limits:
+            binding.budget = Budget(limits)
+
+    def charge(self, rollout_id: str | None, usage: dict | None) -> None:
+        """A recorded call's usage, counted against its rollout's budget (if it has one and is open here)."""
+        binding = self._open.get(rollout_id) if rollout_id is not None else None
+        if binding is not None and binding.budget is not None:
+            binding.budget.charge(usage)
 
     # ---- pause / drain ------------------------------------------------------------------------------------
     @property

@@ -1,4 +1,5 @@
-"""The proxy's call path: authorize, parse, prepare the stored prompt, forward, capture, journal, answer.
+"""The proxy's call path: authorize, parse, prepare the stored prompt, hold to the rollout's budget, forward,
+capture, journal, answer.
 
 Routes stay thin (``proxy._asgi_app``, ``proxy._operator_api``); this class does the work and gets its parts through
 the constructor. The one rule that shapes it: a call is journaled before the last byte of its answer reaches the
@@ -20,6 +21,7 @@ import orjson
 
 from forge_store import FINISH_REASON_MAX, CallRecord, InvalidRecord, PendingPrompt, PromptPart, Store
 
+from ._budgets import BUDGET_EXCEEDED
 from ._errors import ProxyError, UpstreamFailure
 from ._exchange import JSON, CallHeaders, Last, Receive, Reply, StreamReply, parse_json, read_body
 from ._metrics import Metrics
@@ -93,6 +95,11 @@ class ProxyService:
         if prompt.holds_images:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
             await asyncio.to_thread(self._prepare, prompt, tool_hits)
+        if binding.budget is not None and (over := binding.budget.admit(binding.rollout_id)) is not None:
+            rec, part = self._record_for(protocol, binding, body, tr, prompt, seq, started,
+                                         self.rollouts.policy_version, tool_hits)
+            await self._record_error(rec, t0, part, over, BUDGET_EXCEEDED)  # refused, never sent upstream
+            raise over
         version = await self.rollouts.enter()
         relay_owns_exit = False
         try:
@@ -302,9 +309,14 @@ class ProxyService:
             raise
 
     async def _record_failure(self, rec: CallRecord, t0: float, part: PromptPart, exc: UpstreamFailure) -> None:
-        rec.error_class, rec.error_detail = exc.error_class, exc.message
+        await self._record_error(rec, t0, part, exc, exc.error_class)
+
+    async def _record_error(self, rec: CallRecord, t0: float, part: PromptPart, exc: ProxyError,
+                            error_class: str) -> None:
+        """``rec`` recorded as failed with ``exc``, which the edge then answers naming the call (``CALL_ID_HEADER``)."""
+        rec.error_class, rec.error_detail = error_class, exc.message
         await self._record(rec, t0, part)
-        exc.call_id = rec.id  # recorded: the edge's error answer names the call (``CALL_ID_HEADER``)
+        exc.call_id = rec.id
 
     def _unrecordable(self, rec: CallRecord, exc: Exception) -> ProxyError:
         log.error("could not journal call %s", rec.id, exc_info=exc)
@@ -325,6 +337,7 @@ class ProxyService:
             rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)
 
     async def _record(self, rec: CallRecord, t0: float, part: PromptPart) -> None:
+        self.rollouts.charge(rec.rollout_id, rec.usage)
         self._redact(rec)
         rec.ended_at = datetime.now(timezone.utc)
         rec.latency_ms = (time.perf_counter() - t0) * 1000
