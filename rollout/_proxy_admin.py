@@ -50,8 +50,16 @@ class AdminClient:
         raise ProxyUnavailable(f"proxy admin API at {self.url} unreachable ({method} {path}): {err}; is the proxy "
                                f"running and is --proxy right?")
 
-    def register_rollout(self, **fields) -> dict:
-        return self._req("POST", "/admin/rollouts", json=fields)
+    def register_rollout(self, *, max_calls: int | None = None, max_tokens: int | None = None,
+                         max_wall_s: float | None = None, **fields) -> dict:
+        """Register a rollout (``fields``: ``rollout_id``, ``task_id``, ``ttl_s``, ...); its answer has the token.
+        The budget the proxy holds it to: at most ``max_calls`` model calls, ``max_tokens`` prompt + completion
+        tokens, ``max_wall_s`` seconds from now; None: the proxy's default (its settings). Calls past it are refused
+        (HTTP 400, code ``budget_exceeded``) and recorded. Only the limits given are sent (a proxy without budgets
+        refuses fields it does not know)."""
+        budget = {k: v for k, v in (("max_calls", max_calls), ("max_tokens", max_tokens),
+                                    ("max_wall_s", max_wall_s)) if v is not None}
+        return self._req("POST", "/admin/rollouts", json={**fields, **budget})
 
     def end_rollout(self, rollout_id: str, outcome: str | None = None, detail: str | None = None) -> dict:
         body = {"outcome": outcome, "detail": detail} if outcome else None
