@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,6 +19,23 @@ def redact_url(url: str) -> str:
         return url
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file owner-only (0600; its folder 0700 if we make it) before SQLite opens it: it holds
+    prompts, and SQLite gives its -wal and -shm files the database file's mode. An existing file keeps its mode."""
+    if path.exists():
+        return
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            pass
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+
+
 def create_engine(url: str) -> sa.Engine:
     try:
         parsed = sa.engine.make_url(url)
@@ -29,7 +47,7 @@ def create_engine(url: str) -> sa.Engine:
             raise StoreURLError(
                 f"store URL {url!r} names no file: the store must outlive the process; use sqlite:///PATH/store.sqlite"
             )
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _private_sqlite_file(Path(parsed.database).expanduser())
         engine = sa.create_engine(parsed, connect_args={"timeout": 30})
 
         @sa.event.listens_for(engine, "connect")

@@ -35,6 +35,7 @@ from .. import _schema as schema
 from .._errors import InvalidRecord
 from .._hashing import canonical_json, sha256_hex
 from .._tokens import compress_packed, ids_to_bytes, pack_ids, pack_logprobs, text_to_raw, unpack_ids_raw
+from .journal_files import write_private
 from .op_codec import pack_op, unpack_op
 
 log = logging.getLogger(__name__)
@@ -308,9 +309,8 @@ class BatchApplier:
         """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it. For a
         call, also remember it (re-anchoring) and store what can be stored: its bodies and a ``call.refused``
         event."""
-        self.dead_letter_dir.mkdir(parents=True, exist_ok=True)
         path = self.dead_letter_dir / f"{time.time_ns()}-{op.get('k')}.msgpack"
-        path.write_bytes(pack_op(op))
+        write_private(path, pack_op(op))  # owner-only, like the journal it comes from
         self.dead_letters += 1
         log.error("database rejected a %s write (%s); kept in %s for inspection", op.get("k"), _refusal(exc), path)
         if op.get("k") != "call" or not (op.get("r") or {}).get("id"):

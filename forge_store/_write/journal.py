@@ -32,6 +32,7 @@ from .journal_files import (
     frame_payloads,
     load_checkpoint,
     lock_directory,
+    private_dir,
     read_frames,
     repair_torn_tail,
     segment_numbers,
@@ -68,7 +69,7 @@ class Journal:
         self._work, self._done = threading.Condition(self._lock), threading.Condition(self._lock)  # flusher, appenders
         self._queue: list[_Request] = []
         self._closing, self._failed, self._fd = False, None, -1
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self._lock_fd = lock_directory(self.directory)
         try:
             self._committed = load_checkpoint(self.directory)
@@ -230,7 +231,7 @@ class Journal:
         self._durable = Position(self._active, self._size)
 
     def _open_segment(self, seg: int) -> None:
-        self._fd = os.open(self._path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(self._path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         self._fsync_dir()
         with self._lock:
             self._active, self._size = seg, 0

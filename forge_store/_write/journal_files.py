@@ -4,7 +4,8 @@ Format (v1): a directory with segment files ``%016d.log``, a ``CHECKPOINT`` file
 is a sequence of records ``[u32 LE payload length][u32 LE crc32(payload)][payload]``; payloads are non-empty, so an
 all-zero header can only be a zero-filled torn tail. A record's ``Position`` is (segment, byte offset of its end).
 ``CHECKPOINT`` is JSON ``{"format": 1, "segment": S, "offset": O}``: every record at or before it is in the
-database. ``LOCK`` holds the owner's pid under an exclusive ``flock``.
+database. ``LOCK`` holds the owner's pid under an exclusive ``flock``. The records hold prompts: every file is
+created owner-only (0600) and every folder 0700 (:func:`private_dir`, :func:`write_private`), whatever the umask.
 
 Damage is never repaired silently: only a torn record at the very end of the last segment (a crash during a write
 that was never acknowledged) is cut off, when the owner opens the journal (:func:`repair_torn_tail`).
@@ -55,6 +56,38 @@ class FrameDamage(Exception):
     def __init__(self, offset: int, reason: str, torn: bool):
         super().__init__(reason)
         self.offset, self.reason, self.torn = offset, reason, torn
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` and the parents it lacks, each created 0700. A parent that exists keeps its mode; ``path`` itself,
+    when it exists and is ours, loses group and other access (a journal folder an older OpenForge made)."""
+    path = Path(path)
+    missing = []
+    while not path.is_dir() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            pass
+    path = missing[0] if missing else path
+    st = os.stat(path)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, st.st_mode & 0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new owner-only file (its folder made 0700 if missing): a dead letter, say."""
+    private_dir(Path(path).parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def frame_payloads(payloads: list[bytes]) -> list[bytes]:
@@ -127,7 +160,7 @@ def write_checkpoint(directory: Path, pos: Position, *, fsync: bool) -> int:
     """Atomically save ``pos`` as the journal's checkpoint (a temporary file per process, then a rename); returns
     how many fsyncs that took."""
     path, tmp = directory / "CHECKPOINT", directory / f"CHECKPOINT.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump({"format": CHECKPOINT_FORMAT, "segment": pos.segment, "offset": pos.offset}, f)
         f.flush()
         if fsync:
@@ -156,7 +189,7 @@ def delete_committed(directory: Path, pos: Position, active: int) -> None:
 def lock_directory(directory: Path) -> int:
     """Take the journal's ``LOCK`` (one owner at a time) and write our pid into it; returns the descriptor that
     holds the lock until it is closed."""
-    fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
