@@ -121,7 +121,7 @@ class Limited:
 
     def _set_deadline(self) -> None:
         """The read deadline for where the parser is, set anew only when that changed: bytes alone extend nothing."""
-        if self.stop_reading or self.paused:
+        if self.stop_reading or self.paused or self.gone:
             self.timed = None
             self._arm(None)
             return
