@@ -24,7 +24,10 @@ recording proxy asks the upstream for token ids and logprobs (what it exists for
 and producing them costs the double itself 0.3-1.0 ms of p50 per streamed call at 16 clients (direct runs with and
 without them asked for, three runs), which shows up in the proxied stream figures as added latency.
 
-Usage: python bench/proxy_overhead.py [--quick]
+``--server uvicorn`` serves the recording proxy's same ASGI app on uvicorn (httptools, uvloop) instead of its own
+HTTP server (``proxy._http``, what ``openforge proxy`` runs): the two side by side.
+
+Usage: python bench/proxy_overhead.py [--quick] [--server own|uvicorn]
 """
 
 from __future__ import annotations
@@ -50,6 +53,22 @@ ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-token-0123456789"
 ROUNDS = 5  # interleaved: this machine's speed drifts over minutes (other tenants), and every target sees the drift
 console = Console(stderr=True)
+
+
+# The recording proxy as ``openforge proxy`` builds it, served by uvicorn: ``--server uvicorn``.
+UVICORN_PROXY = """
+import gc, sys, uvicorn
+from forge_store import get_settings
+from proxy import build_proxy
+proxy = build_proxy(sys.argv[1], settings=get_settings(), store_url=sys.argv[3])
+gc.collect()
+gc.freeze()  # as openforge proxy does
+try:
+    uvicorn.run(proxy.app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", access_log=False,
+                loop="uvloop", http="httptools")
+finally:
+    proxy.store.close()
+"""
 
 
 def free_port() -> int:
@@ -164,6 +183,8 @@ def pooled(rounds: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests per configuration")
+    ap.add_argument("--server", choices=("own", "uvicorn"), default="own",
+                    help="what serves the recording proxy: its own HTTP server (openforge proxy) or uvicorn")
     args = ap.parse_args()
     sizes = {1: 250, 16: 800, 64: 1600} if not args.quick else {1: 50, 16: 200, 64: 400}
 
@@ -173,10 +194,11 @@ def main() -> None:
            "PYTHONPATH": str(ROOT)}
     upstream = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)],
                                 env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "upstream.log", "wb"), cwd=ROOT)
-    proxy = subprocess.Popen([str(Path(sys.executable).parent / "openforge"), "proxy", "--upstream",
-                              f"http://127.0.0.1:{up_port}", "--port", str(px_port),
-                              "--store", f"sqlite:///{tmp / 'store.sqlite'}"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.log", "wb"), cwd=ROOT)
+    store = f"sqlite:///{tmp / 'store.sqlite'}"
+    command = ([str(Path(sys.executable).parent / "openforge"), "proxy", "--upstream", f"http://127.0.0.1:{up_port}",
+                "--port", str(px_port), "--store", store] if args.server == "own"
+               else [sys.executable, "-c", UVICORN_PROXY, f"http://127.0.0.1:{up_port}", str(px_port), store])
+    proxy = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "proxy.log", "wb"), cwd=ROOT)
     passthrough = subprocess.Popen([sys.executable, str(ROOT / "bench" / "passthrough_proxy.py"), "--upstream",
                                     f"http://127.0.0.1:{up_port}", "--port", str(pt_port)],
                                    env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "bare.log", "wb"), cwd=ROOT)
@@ -256,6 +278,7 @@ def main() -> None:
         "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
         "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3),
         "store_dead_letters": stored.get("dead_letters"),
+        "server": args.server,
     }
     print(json.dumps(out))
 
