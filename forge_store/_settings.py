@@ -33,6 +33,9 @@ class Settings(BaseSettings):
         "a flush wakes it at once.")
     writer_retry_max_s: float = Field(default=5.0, gt=0, description="Longest back-off between retries while the database is down.")
     journal_fsync: bool = Field(default=True, description="fsync the journal before acknowledging a write.")
+    writer_stall_s: float = Field(
+        default=10.0, gt=0, description="A database write that has not returned for this long while writes wait "
+        "counts as the database down (health: db_down_s), a stalled database as much as a refusing one.")
     auto_upgrade: bool = Field(
         default=True, description="Create the schema when a store is opened on an empty database."
     )
@@ -82,7 +85,11 @@ class Settings(BaseSettings):
         description="Redaction rules applied to everything the proxy stores (names from proxy._redaction.RULES; "
         "`emails` is the one not on by default).",
     )
-    proxy_upstream_api_key: str | None = Field(default=None, description="API key the proxy presents upstream.")
+    upstream_api_key: str | None = Field(
+        default=None, description="API key the proxy presents upstream (OPENFORGE_UPSTREAM_API_KEY; or a file: "
+        "`openforge proxy --upstream-api-key-file`). Never on the command line, which every user can read.")
+    proxy_upstream_api_key: str | None = Field(
+        default=None, description="The older name of OPENFORGE_UPSTREAM_API_KEY, still read.")
     proxy_allow_unbound: bool = Field(
         default=False, description="Accept calls without a rollout token (recorded with no rollout)."
     )

@@ -48,7 +48,7 @@ def _check(value, allowed, what: str) -> None:
 
 class Store(StoreReads):
     def __init__(self, engine: sa.Engine, blobs: BlobStore, *, journal: Journal | None, settings: Settings,
-                 drain: str = "thread"):
+                 drain: str = "thread", schema_checked: bool = True):
         self.engine, self.blobs, self.settings = engine, blobs, settings
         self.url = redact_url(engine.url.render_as_string(hide_password=False))
         self._encoder = CallEncoder()
@@ -56,21 +56,32 @@ class Store(StoreReads):
         self._writer = None
         if drain not in ("thread", "process"):
             raise ValueError(f"drain={drain!r}: use 'thread' (database writes in this process) or 'process'")
-        if journal is not None and drain == "process":
+        if journal is not None and drain == "process":  # the drain process checks the schema itself
             self._writer = ProcessWriter(
                 journal, url=engine.url.render_as_string(hide_password=False),
                 batch_size=settings.writer_batch_size, linger_s=settings.drain_linger_s,
-                retry_max_s=settings.writer_retry_max_s,
+                retry_max_s=settings.writer_retry_max_s, stall_s=settings.writer_stall_s,
+                auto_upgrade=settings.auto_upgrade,
             )
         elif journal is not None:
             self._writer = ThreadWriter(
                 engine, journal, batch_size=settings.writer_batch_size, linger_s=settings.writer_linger_s,
-                retry_max_s=settings.writer_retry_max_s,
+                retry_max_s=settings.writer_retry_max_s, stall_s=settings.writer_stall_s,
+                check_schema=not schema_checked, auto_upgrade=settings.auto_upgrade,
             )
-        with engine.connect() as conn:
-            self.store_id = conn.execute(
-                sa.select(schema.StoreMeta.value).where(schema.StoreMeta.key == "store_id")
-            ).scalar_one()
+        self._store_id: str | None = None
+        if schema_checked:
+            self._store_id = self.store_id
+
+    @property
+    def store_id(self) -> str:
+        """The store's identity (a row of the database: read on first use by a store opened without it)."""
+        if self._store_id is None:
+            with self.engine.connect() as conn:
+                self._store_id = conn.execute(
+                    sa.select(schema.StoreMeta.value).where(schema.StoreMeta.key == "store_id")
+                ).scalar_one()
+        return self._store_id
 
     # ---- writes -------------------------------------------------------------------------------------------
     def _write(self, op: dict) -> None:
@@ -272,6 +283,14 @@ class Store(StoreReads):
         return sha
 
     # ---- reads: inherited from StoreReads (forge_store/_store_reads.py) ----------------------------------------
+    def known_call_ids(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` are stored calls (to check that every call a client was answered arrived)."""
+        found: set[str] = set()
+        with self.engine.connect() as conn:
+            for i in range(0, len(ids), 500):
+                found.update(conn.execute(sa.select(schema.Call.id).where(schema.Call.id.in_(ids[i:i + 500])))
+                             .scalars())
+        return found
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -304,7 +323,8 @@ class Store(StoreReads):
 
 
 def open_store(url: str | None = None, *, journal: bool = False, name: str = "default",
-               settings: Settings | None = None, blobs: BlobStore | None = None, drain: str = "thread") -> Store:
+               settings: Settings | None = None, blobs: BlobStore | None = None, drain: str = "thread",
+               offline: bool = False) -> Store:
     """Open the store at ``url`` (default: the embedded SQLite under ``OPENFORGE_HOME``).
 
     ``journal=True`` gives a long-running writer its own durable journal (one process per journal ``name``);
@@ -312,19 +332,32 @@ def open_store(url: str | None = None, *, journal: bool = False, name: str = "de
     loop then only journals), ``"thread"`` keeps them in a thread of this process.
     An empty database gets the schema (unless ``auto_upgrade`` is off); any other revision than this code's head
     is an error that says what to run.
+
+    ``offline=True`` (with ``journal=True``; the proxy's choice) opens the store even while the database is
+    unreachable: writes are journaled as always, the writer checks the schema when the database answers, before
+    its first batch, and reads raise until then. Without it, an unreachable database is ``StoreUnavailable``.
     """
+    if offline and not journal:
+        raise ValueError("open_store(offline=True) needs journal=True: without a journal no write can be kept while "
+                         "the database is away")
     settings = settings or get_settings()
     url = url or settings.resolved_store_url()
     engine = create_engine(url)
+    checked = True
     try:
         migrate.check(engine, redact_url(url), auto_upgrade=settings.auto_upgrade)
     except sa.exc.OperationalError as exc:
-        engine.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise StoreUnavailable(
-            f"cannot open the store at {redact_url(url)}: {reason}. Check the URL, that the server is running, and "
-            "that the database exists (createdb NAME), then retry."
-        ) from None
+        if offline:
+            log.warning("the database at %s is unreachable (%s): writes go to the journal and drain when it is "
+                        "back; the schema is checked then", redact_url(url), reason)
+            checked = False
+        else:
+            engine.dispose()
+            raise StoreUnavailable(
+                f"cannot open the store at {redact_url(url)}: {reason}. Check the URL, that the server is running, "
+                "and that the database exists (createdb NAME), then retry."
+            ) from None
     except BaseException:
         engine.dispose()
         raise
@@ -333,7 +366,7 @@ def open_store(url: str | None = None, *, journal: bool = False, name: str = "de
     if journal:
         jr = Journal(Path(settings.resolved_journal_dir(name)), fsync=settings.journal_fsync)
     try:
-        return Store(engine, blob_store, journal=jr, settings=settings, drain=drain)
+        return Store(engine, blob_store, journal=jr, settings=settings, drain=drain, schema_checked=checked)
     except BaseException:
         if jr is not None:
             jr.close()

@@ -8,7 +8,9 @@ database goes away / comes back, ``x N`` for dead letters, ``s`` once started) a
 a second. Commands on stdin, after the URL: ``f`` apply now, ``q`` apply everything journaled and stop, ``Q`` stop
 after the current batch. End of input means the parent died: stop after the current batch without touching the
 checkpoint or the segments, which belong to whoever opens the journal next (it replays from the checkpoint;
-applying is idempotent). One drain per journal at a time (``DRAIN.lock``).
+applying is idempotent). One drain per journal at a time (``DRAIN.lock``). Before its first batch it checks the
+schema (``db_ready``; the parent may have started while the database was away) and exits 3 on a schema it cannot
+write to (the parent restarts it with back-off; the journal keeps everything). Files it creates are owner-only.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import time
 from pathlib import Path
 
 from .._engine import create_engine
+from .._errors import SchemaMismatch
 from .db_apply import BatchApplier
+from .db_ready import wait_for_schema
 from .journal_tail import JournalTail
 from .op_codec import unpack_op
 
@@ -92,23 +96,33 @@ def say(line: str) -> None:
 
 
 def run(journal: Path, url: str, *, batch_size: int, linger_s: float, retry_max_s: float, dead_letter: Path,
-        fsync: bool, checkpoint_every_s: float = 1.0) -> None:
-    lock = os.open(journal / "DRAIN.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fsync: bool, checkpoint_every_s: float = 1.0, auto_upgrade: bool = True) -> None:
+    lock = os.open(journal / "DRAIN.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)  # a predecessor may still be finishing its batch
     say("s")
     engine = create_engine(url)
     tail, applier, control = JournalTail(journal), BatchApplier(dead_letter, retry_max_s), Control(0)
     applied, saved, saved_at, down, dead = None, None, time.monotonic(), False, 0
 
-    def wait(delay: float) -> bool:  # while the database is down
+    def went_down() -> None:
         nonlocal down
         if not down:
             down = True
             say("d 1")
+
+    def wait(delay: float) -> bool:  # while the database is down
+        went_down()
         control.poll(delay)
         return not control.halted
 
     try:
+        # the parent may have started without the database (open_store(offline=True)): the schema comes first
+        if not wait_for_schema(engine, auto_upgrade=auto_upgrade, retry_max_s=retry_max_s, wait=wait,
+                               down=went_down):
+            return
+        if down:
+            down = False
+            say("d 0")
         while not control.halted:
             batch = tail.read(batch_size)
             if not batch:
@@ -148,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--retry-max", type=float, default=5.0)
     ap.add_argument("--dead-letter", type=Path)
     ap.add_argument("--fsync", action="store_true")
+    ap.add_argument("--no-auto-upgrade", action="store_true", help="Do not create the schema in an empty database.")
     args = ap.parse_args(argv)
+    os.umask(0o077)  # dead letters and checkpoints hold what the journal holds: owner-only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     # Draining is background work: the parent answers harnesses, and its latency is what matters. At a lower
     # priority the drain takes the CPU the parent leaves idle; under a load spike it falls behind and the journal
@@ -157,8 +173,13 @@ def main(argv: list[str] | None = None) -> None:
         os.nice(10)
     logging.basicConfig(level=logging.WARNING, format="openforge drain: %(message)s", stream=sys.stderr)
     url = read_url_handshake(0)
-    run(args.journal, url, batch_size=args.batch_size, linger_s=args.linger, retry_max_s=args.retry_max,
-        dead_letter=args.dead_letter or args.journal / "dead-letter", fsync=args.fsync)
+    try:
+        run(args.journal, url, batch_size=args.batch_size, linger_s=args.linger, retry_max_s=args.retry_max,
+            dead_letter=args.dead_letter or args.journal / "dead-letter", fsync=args.fsync,
+            auto_upgrade=not args.no_auto_upgrade)
+    except SchemaMismatch as exc:  # nothing is applied; the journal keeps every write until the schema is fixed
+        logging.getLogger(__name__).error("%s", exc)
+        raise SystemExit(3) from None
 
 
 if __name__ == "__main__":

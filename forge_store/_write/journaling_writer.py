@@ -9,6 +9,11 @@ for those reports. ``ThreadWriter`` applies in a thread of this process, ``Proce
 Journal positions and counts: ``_marks`` pairs each journaled position with how many operations this process had
 submitted up to it, so that ``flush`` can wait for "everything submitted so far", including what a previous
 process left in the journal (``_last`` starts at the last pending record).
+
+Health: ``pending_ops`` counts what is journaled (or on its way) and not yet in the database, a previous process's
+records included; ``db_down_since`` is when the database side last made progress while work waited, once it has
+made none for ``stall_s`` (a database that stalls rather than refuses: an apply that never returns), or the time
+the database side itself reported it unreachable, whichever it knows.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ log = logging.getLogger(__name__)
 
 class JournalingWriter:
     """Journal first, acknowledge, then let a database side apply; a subclass supplies the database side (one
-    thread, passed to ``_start``) and ``pending_ops``, ``db_down_since``, ``dead_letters`` and ``close``."""
+    thread, passed to ``_start``) and ``db_down_since``, ``dead_letters`` and ``close``."""
 
     def __init__(self, journal: Journal, *, batch_size: int, linger_s: float, retry_max_s: float,
-                 dead_letter_dir: Path | None):
+                 dead_letter_dir: Path | None, stall_s: float = 10.0):
         self.journal = journal
         self.batch_size, self.linger_s, self.retry_max_s = batch_size, linger_s, retry_max_s
         self.dead_letter_dir = dead_letter_dir or Path(journal.directory) / "dead-letter"
@@ -43,8 +48,12 @@ class JournalingWriter:
         self._incoming: list[tuple[dict, bytes, Future]] = []
         self._applied: Position | None = journal.committed()
         self._last: Position | None = self._applied
+        self._backlog = 0  # records a previous process left unapplied
         for pos, _ in journal.pending():  # anything journaled but not applied before a crash: flush waits for it
             self._last = pos
+            self._backlog += 1
+        self.stall_s = stall_s
+        self._busy_since: float | None = time.monotonic() if self._backlog else None  # work waiting, no progress
         self._submitted = self._applied_n = 0  # ops submitted by this process / of those, in the database
         self._marks: deque[tuple[Position, int]] = deque()  # (journal position, ops submitted up to it)
         self._closing = False
@@ -121,6 +130,8 @@ class JournalingWriter:
         this."""
         self._last = pos
         self._marks.append((pos, upto))
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
 
     # ---- what the database side reports --------------------------------------------------------------------
     def _mark_applied(self, last: Position, n_ops: int) -> None:
@@ -130,7 +141,19 @@ class JournalingWriter:
             self._applied_n = self._marks.popleft()[1]
         self.batches += 1
         self.applied_ops += n_ops
+        self._busy_since = None if self._last is None or last >= self._last else time.monotonic()
         self._applied_cv.notify_all()
+
+    # ---- health -------------------------------------------------------------------------------------------
+    def pending_ops(self) -> int:
+        """Operations journaled (or being journaled) and not yet in the database, a previous process's included."""
+        with self._lock:
+            return max(0, self._backlog - self.applied_ops) + self._submitted - self._applied_n
+
+    def _stalled_since(self) -> float | None:
+        """When the database side last made progress, if work has waited on it for ``stall_s`` since."""
+        since = self._busy_since
+        return since if since is not None and time.monotonic() - since >= self.stall_s else None
 
     # ---- control ------------------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:

@@ -9,7 +9,8 @@ a parent that dies closes the child's stdin, and the child stops after its curre
 a write is acknowledged once it is in the journal.
 
 The database URL reaches the child as the first bytes on its stdin (``drain_process.url_handshake``), never in
-its command line or environment, where other processes could read it.
+its command line (which every user can read) or its environment (``child_environment`` leaves ``OPENFORGE_*``
+settings out: the store URL, the upstream API key and the admin token stay in this process).
 """
 
 from __future__ import annotations
@@ -34,12 +35,22 @@ log = logging.getLogger(__name__)
 _CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def child_environment() -> dict[str, str]:
+    """The drain's environment: this one without OpenForge's settings (``OPENFORGE_*`` holds the store URL with its
+    password, the upstream API key, the admin token; the child needs none of them: its arguments and stdin say
+    everything), with this code on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_CODE_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
 class ProcessWriter(JournalingWriter):
     def __init__(self, journal: Journal, *, url: str, batch_size: int = 512, linger_s: float = 0.05,
-                 retry_max_s: float = 5.0, dead_letter_dir: Path | None = None):
+                 retry_max_s: float = 5.0, dead_letter_dir: Path | None = None, stall_s: float = 10.0,
+                 auto_upgrade: bool = True):
         super().__init__(journal, batch_size=batch_size, linger_s=linger_s, retry_max_s=retry_max_s,
-                         dead_letter_dir=dead_letter_dir)
-        self._url = url
+                         dead_letter_dir=dead_letter_dir, stall_s=stall_s)
+        self._url, self._auto_upgrade = url, auto_upgrade
         self._proc: subprocess.Popen | None = None
         self._pipe_lock = threading.Lock()
         self._db_down_at: float | None = None
@@ -49,15 +60,13 @@ class ProcessWriter(JournalingWriter):
 
     @property
     def db_down_since(self) -> float | None:
-        return self._db_down_at
+        """Reported by the child (refused connections), or seen here: an apply that has not returned for
+        ``stall_s`` while work waits (a stalled database, which the child cannot report from inside the apply)."""
+        return self._db_down_at or self._stalled_since()
 
     @property
     def dead_letters(self) -> int:
         return self._dead
-
-    def pending_ops(self) -> int:
-        with self._lock:
-            return self._submitted - self._applied_n
 
     # ---- the child ---------------------------------------------------------------------------------------
     def _spawn(self) -> subprocess.Popen:
@@ -65,14 +74,16 @@ class ProcessWriter(JournalingWriter):
         # imported drain_process already (it would run twice, and runpy warns).
         from . import drain_process
 
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_CODE_ROOT, os.environ.get("PYTHONPATH")) if p)}
         argv = [sys.executable, "-m", drain_process.__name__, "--journal", str(self.journal.directory),
                 "--batch-size", str(self.batch_size), "--linger", str(self.linger_s),
                 "--retry-max", str(self.retry_max_s), "--dead-letter", str(self.dead_letter_dir)]
         if self.journal.fsync:
             argv.append("--fsync")
+        if not self._auto_upgrade:
+            argv.append("--no-auto-upgrade")
         # its own session: a Ctrl-C at the terminal reaches the proxy, which then drains and stops the child
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_environment(),
+                                start_new_session=True)
         try:  # before any command: nothing else can write to this pipe until the supervisor publishes ``proc``
             proc.stdin.write(drain_process.url_handshake(self._url))
             proc.stdin.flush()

@@ -16,6 +16,7 @@ Two threads, one lock:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -23,11 +24,15 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from .._errors import SchemaMismatch
 from .db_apply import BatchApplier
+from .db_ready import wait_for_schema
 from .journal import Journal
 from .journal_files import Position
 from .journaling_writer import JournalingWriter
 from .op_codec import unpack_op
+
+log = logging.getLogger(__name__)
 
 
 class ThreadWriter(JournalingWriter):
@@ -41,10 +46,15 @@ class ThreadWriter(JournalingWriter):
         retry_max_s: float = 5.0,
         max_queue: int = 20_000,
         dead_letter_dir: Path | None = None,
+        stall_s: float = 10.0,
+        check_schema: bool = False,
+        auto_upgrade: bool = True,
     ):
         super().__init__(journal, batch_size=batch_size, linger_s=linger_s, retry_max_s=retry_max_s,
-                         dead_letter_dir=dead_letter_dir)
+                         dead_letter_dir=dead_letter_dir, stall_s=stall_s)
         self.engine, self.max_queue = engine, max_queue
+        # opened without its database (open_store(offline=True)): the schema is checked before the first batch
+        self._check_schema, self._auto_upgrade = check_schema, auto_upgrade
         self._queue_cv = threading.Condition(self._lock)  # writer: ops journaled
         self._queue: deque[tuple[Position, list[dict]]] = deque()  # journaled groups not yet applied
         self._queued = 0
@@ -57,8 +67,10 @@ class ThreadWriter(JournalingWriter):
 
     def _journaled(self, pos: Position, ops: list[dict], upto: int) -> None:
         """Hand journaled ops to the database side (caller holds the lock)."""
-        self._last = pos  # JournalingWriter._journaled's two lines, inline: this runs on every write
+        self._last = pos  # JournalingWriter._journaled's lines, inline: this runs on every write
         self._marks.append((pos, upto))
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
         if self._catch_up or self._queued + len(ops) > self.max_queue:
             self._catch_up = True  # the writer reads these back from the journal files
         else:
@@ -111,6 +123,20 @@ class ThreadWriter(JournalingWriter):
         return groups
 
     def _writer(self) -> None:
+        if self._check_schema:
+            down = self._applier
+
+            def went_down() -> None:
+                down.db_down_since = down.db_down_since or time.monotonic()
+
+            try:
+                if not wait_for_schema(self.engine, auto_upgrade=self._auto_upgrade, retry_max_s=self.retry_max_s,
+                                       wait=self._wait, down=went_down):
+                    return  # closing while the database is away: the journal keeps everything
+            except SchemaMismatch as exc:  # nothing is applied: the journal keeps every write until it is fixed
+                log.error("the store's writer cannot apply the journal: %s", exc)
+                return
+            down.db_down_since = None
         while True:
             groups = self._next_groups()
             if not groups:
@@ -130,28 +156,25 @@ class ThreadWriter(JournalingWriter):
             with self._lock:
                 self._mark_applied(last, sum(len(ops) for _, ops in groups))
 
-    def _apply_with_retry(self, ops: list[dict]) -> bool:
-        def wait(delay: float) -> bool:
-            with self._lock:
-                if self._closing:
-                    return False
-                self._queue_cv.wait(timeout=delay)
-            return True
+    def _wait(self, delay: float) -> bool:
+        """While the database is away: sleep ``delay`` (a close wakes it); False if closing."""
+        with self._lock:
+            if self._closing:
+                return False
+            self._queue_cv.wait(timeout=delay)
+        return True
 
-        return self._applier.apply(self.engine, ops, wait)
+    def _apply_with_retry(self, ops: list[dict]) -> bool:
+        return self._applier.apply(self.engine, ops, self._wait)
 
     # ---- status and control --------------------------------------------------------------------------------
     @property
     def db_down_since(self) -> float | None:
-        return self._applier.db_down_since
+        return self._applier.db_down_since or self._stalled_since()
 
     @property
     def dead_letters(self) -> int:
         return self._applier.dead_letters
-
-    def pending_ops(self) -> int:
-        with self._lock:
-            return self._queued + len(self._incoming)
 
     def _signal_closing(self) -> None:
         super()._signal_closing()
