@@ -1,4 +1,5 @@
-"""The store's commands: ``openforge db`` (migrations), ``openforge store`` (info, snapshot, drain), ``openforge sql``.
+"""The store's commands: ``openforge db`` (migrations), ``openforge store`` (info, snapshot, drain, check-calls),
+``openforge sql``.
 
 Declared as entry points in ``pyproject.toml``; the root command (``openforge.cli``) discovers them. Errors of the
 store become one red line (value, rule, fix) and exit code 2, never a traceback.
@@ -19,7 +20,8 @@ from . import _migrate as migrate
 from ._engine import create_engine, redact_url
 from ._errors import StoreError
 from ._settings import get_settings
-from ._write.journal_files import JournalError
+from ._write.journal_files import JournalError, JournalLocked
+from ._write.journal_tail import JournalTail
 
 db_app = typer.Typer(help="Schema migrations of the lineage store.", no_args_is_help=True)
 store_app = typer.Typer(help="Inspect, snapshot and drain the lineage store.", no_args_is_help=True)
@@ -134,19 +136,93 @@ def store_snapshot(out: Path = typer.Option(..., "--out", help="Folder for the P
     console.print(f"wrote {len(manifest['tables'])} tables, {rows:,} rows at watermark {manifest['watermark']} to {out}")
 
 
+def _journals(name: str | None) -> tuple[Path, list[str | None]]:
+    """The journal folder and the journals in it to drain: ``name``'s, or every one left there (None: the one
+    folder ``OPENFORGE_JOURNAL_DIR`` names, which every writer shares)."""
+    settings = get_settings()
+    if settings.journal_dir is not None:
+        return settings.journal_dir, [None]
+    root = settings.home / "journal"
+    if name is not None:
+        if not (root / name).is_dir():
+            known = ", ".join(_journal_names(root)) or "none"
+            _fail(f"no journal named {name!r} under {root} (journals there: {known}); drop --name to drain them all")
+        return root, [name]
+    return root, _journal_names(root)
+
+
+def _journal_names(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (
+        (p / "CHECKPOINT").exists() or (p / "LOCK").exists() or any(p.glob("*.log"))))
+
+
 @store_app.command("drain")
-def store_drain(name: str = typer.Option("default", help="Journal name (one per writing process)."),
-                store: StoreOpt = None, timeout: float = typer.Option(60.0, help="Seconds to wait for the database.")) -> None:
-    """Replay a journal left behind by a stopped writer (e.g. a killed proxy) into the database."""
-    st = _open(store, journal=True, name=name)
+def store_drain(name: Optional[str] = typer.Option(None, help="Drain only this journal (default: every journal "
+                                                   "under the journal folder; the proxy's is 'proxy')."),
+                store: StoreOpt = None, timeout: float = typer.Option(60.0, help="Seconds to wait for the database, "
+                                                                      "per journal.")) -> None:
+    """Replay the journals left behind by stopped writers (a killed proxy, say) into the database, every one under
+    the journal folder (OPENFORGE_HOME/journal), naming each with how many operations it held."""
+    from ._store import open_store
+
+    root, names = _journals(name)
+    if not names:
+        console.print(f"no journal under {root}: nothing to drain")
+        return
+    problems = []
+    for jname in names:
+        label = repr(jname) if jname is not None else str(root)
+        try:
+            st = open_store(_url(store), journal=True, name=jname or "default")
+        except JournalLocked as exc:
+            problems.append(f"journal {label} is in use by a running writer, which drains it itself ({exc})")
+            continue
+        except (StoreError, JournalError) as exc:
+            _fail(exc)
+        try:
+            ok = st.flush(timeout)
+            status = st.writer_status()
+        finally:
+            st.close(timeout=1.0)
+        if not ok:
+            problems.append(f"journal {label}: {status['pending_ops']:,} operations not drained within {timeout}s: "
+                            "is the database reachable? Nothing was lost; run this again when it is")
+            continue
+        dead_dir = (root if jname is None else root / jname) / "dead-letter"
+        dead = len(list(dead_dir.glob("*.msgpack"))) if dead_dir.is_dir() else 0
+        note = f"; {dead:,} refused operations kept in {dead_dir} (dead letters)" if dead else ""
+        console.print(f"journal {label}: drained {status['applied_ops']:,} operations into "
+                      f"{redact_url(_url(store))}{note}", highlight=False)
+    if problems:
+        _fail("; ".join(problems))
+
+
+@store_app.command("check-calls")
+def store_check_calls(ids: Path = typer.Argument(..., help="File with one call id per line ('-': stdin), e.g. "
+                                                 "the X-OpenForge-Call-Id headers your clients received."),
+                      store: StoreOpt = None) -> None:
+    """Say which of the call ids in IDS are not in the store (exit 1 if any): after a crash and `openforge store
+    drain`, every call a client was answered is there exactly once (call ids are the calls' keys)."""
+    import sys
+
+    text = sys.stdin.read() if str(ids) == "-" else ids.read_text()
+    wanted = list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+    st = _open(store)
     try:
-        ok = st.flush(timeout)
+        found = st.known_call_ids(wanted)
     finally:
-        st.close(timeout=1.0)
-    if not ok:
-        _fail(StoreError(f"journal {name!r} did not drain within {timeout}s: is the database reachable? "
-                         "Nothing was lost; run this again when it is."))
-    console.print(f"journal {name!r} drained into {redact_url(_url(store))}")
+        st.close()
+    missing = [i for i in wanted if i not in found]
+    root = get_settings().home / "journal"
+    behind = [n for n in _journal_names(root) if JournalTail(root / n).read(1)]  # records not yet in the database
+    console.print(f"{len(wanted) - len(missing):,} of {len(wanted):,} call ids are in the store", highlight=False)
+    if missing:
+        hint = (f" (journals under {root} still hold records: {', '.join(behind)}; run `openforge store drain` "
+                "first)") if behind else ""
+        err.print(f"missing: {' '.join(missing[:50])}{' ...' if len(missing) > 50 else ''}{hint}", highlight=False)
+        raise typer.Exit(1)
 
 
 def sql_command(
