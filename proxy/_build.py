@@ -1,5 +1,9 @@
-"""Assemble a proxy from settings: wire protocols, store (journal mode), token signer, rollout registry, upstream,
-service, app."""
+"""Assemble a proxy from settings: wire protocols, store (journal mode), token signer, rollout registry and its
+ledger, upstream, service, app.
+
+Nothing here needs the database: the store opens offline when it is away (writes are journaled, the schema is
+checked by the drain once it answers) and the registry knows its rollouts from the ledger, so a proxy started (or
+restarted) during a database outage serves from its journal."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from ._operator_api import create_app
 from ._protocols.openai_chat import DIALECTS
 from ._protocols.registry import protocols
 from ._redaction import Redactor
+from ._rollout_ledger import RolloutLedger
 from ._rollouts import RolloutRegistry
 from ._service import ProxyService
 from ._upstream import Upstream
@@ -42,11 +47,12 @@ def build_proxy(upstream_url: str, *, settings: Settings, store_url: str | None 
     admin_token = settings.proxy_admin_token or load_or_create_secret(home / "proxy-admin-token").decode()
     signer = TokenSigner(secret)
     if store is None:
-        store = open_store(store_url, journal=True, name=journal_name,
+        store = open_store(store_url, journal=True, name=journal_name, offline=True,
                            settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}),
                            drain="process" if settings.proxy_drain_process else "thread")
+    ledger = RolloutLedger(home / "proxy-rollouts" / f"{journal_name}.ledger", fsync=settings.proxy_journal_fsync)
     rollouts = RolloutRegistry(store, signer, allow_unbound=settings.proxy_allow_unbound,
-                               pause_max_s=settings.proxy_pause_max_s)
+                               pause_max_s=settings.proxy_pause_max_s, ledger=ledger)
     rollouts.policy_version = policy_version
     rollouts.default_limits = Limits(settings.proxy_rollout_max_calls, settings.proxy_rollout_max_tokens,
                                      settings.proxy_rollout_max_wall_s)

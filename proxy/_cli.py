@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -17,8 +19,11 @@ def proxy_command(
                                 "(a hosted API: text only, calls marked not token-exact)."),
     journal: str = typer.Option("proxy", "--journal", help="Journal name; one per proxy process."),
     policy_version: Optional[str] = typer.Option(None, "--policy-version", help="Policy version current at start."),
-    upstream_api_key: Optional[str] = typer.Option(None, "--upstream-api-key", help="API key the proxy presents "
-                                                   "to the upstream (default: OPENFORGE_PROXY_UPSTREAM_API_KEY)."),
+    upstream_api_key_file: Optional[Path] = typer.Option(
+        None, "--upstream-api-key-file", help="File holding the API key the proxy presents to the upstream "
+        "(default: OPENFORGE_UPSTREAM_API_KEY). Never pass the key itself on the command line: every user can read "
+        "it there.", show_default=False),
+    upstream_api_key: Optional[str] = typer.Option(None, "--upstream-api-key", hidden=True),
     workers_log: str = typer.Option("warning", "--log-level", help="Log level of the proxy's own log."),
 ) -> None:
     """Run the recording proxy: harnesses call it instead of the inference server, every call lands in the store."""
@@ -31,18 +36,25 @@ def proxy_command(
     from ._build import build_proxy
 
     err = Console(stderr=True)
+    if upstream_api_key is not None:
+        err.print("[bold red]error:[/] --upstream-api-key puts the key in the process list (/proc/PID/cmdline, "
+                  "`ps`), which every user of this machine can read; it is no longer accepted. Put the key in "
+                  "OPENFORGE_UPSTREAM_API_KEY, or in a file (mode 0600) passed as --upstream-api-key-file PATH.",
+                  highlight=False)
+        raise typer.Exit(2)
     level = workers_log.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         err.print(f"[bold red]error:[/] --log-level {workers_log!r} unknown; use debug, info, warning, error or "
                   "critical")
         raise typer.Exit(2)
+    settings = get_settings()
+    api_key = _api_key(upstream_api_key_file, settings, err)
+    os.umask(0o077)  # what the proxy writes holds prompts: SQLite store, journal, blobs, dead letters, ledger
     listener = _listen(host, port, err)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    settings = get_settings()
     try:
         proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
-                            upstream_api_key=upstream_api_key or settings.proxy_upstream_api_key,
-                            policy_version=policy_version)
+                            upstream_api_key=api_key, policy_version=policy_version)
     except (StoreError, JournalError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -54,6 +66,23 @@ def proxy_command(
         _serve(proxy.app, listener, settings.proxy_max_body_bytes)
     finally:
         proxy.store.close()
+        proxy.service.rollouts.ledger.close()
+
+
+def _api_key(path: Path | None, settings, err) -> str | None:
+    """The upstream API key: from ``path``, else the environment (settings); exit 2 if the file cannot be read."""
+    if path is None:
+        return settings.upstream_api_key or settings.proxy_upstream_api_key
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] --upstream-api-key-file {path}: cannot read it ({exc.strerror}); pass a "
+                  "readable file holding the key", highlight=False)
+        raise typer.Exit(2) from None
+    if not key:
+        err.print(f"[bold red]error:[/] --upstream-api-key-file {path} is empty; put the key in it", highlight=False)
+        raise typer.Exit(2)
+    return key
 
 
 def _listen(host: str, port: int, err):

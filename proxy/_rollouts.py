@@ -1,8 +1,11 @@
 """Which rollouts may call, under which policy version, and whether calls may start now.
 
 Rollouts are registered by the orchestrator through the admin API and get a signed token. A token works while
-its rollout is open: ending the rollout (or the store saying it finished) closes it. After a proxy restart the
-registry rebuilds a rollout from the store on its first call, so harnesses keep working across restarts.
+its rollout is open: ending the rollout (or the store saying it finished) closes it. Registrations and ends go
+into the proxy's rollout ledger (``_rollout_ledger``) before the admin API answers, so after a restart the registry
+knows its rollouts without the database: a live rollout's token is served and an ended one's refused while the
+database is down. A rollout the ledger does not know (registered by another proxy sharing the secret) is looked
+up in the store; while the store cannot answer, that call is a 503 (retry), never a guess.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import sqlalchemy as sa
+
 from forge_store import NotFound, Store
 
 from ._auth import TokenSigner
 from ._budgets import Budget, Limits
 from ._errors import ProxyError, unauthorized
+from ._rollout_ledger import RolloutLedger
 
 
 @dataclass
@@ -46,10 +52,12 @@ class Binding:
 
 
 class RolloutRegistry:
-    def __init__(self, store: Store, signer: TokenSigner, *, allow_unbound: bool = False, pause_max_s: float = 300):
+    def __init__(self, store: Store, signer: TokenSigner, *, allow_unbound: bool = False, pause_max_s: float = 300,
+                 ledger: RolloutLedger | None = None, lookup_timeout_s: float = 5.0):
         self.store, self.signer, self.allow_unbound, self.pause_max_s = store, signer, allow_unbound, pause_max_s
+        self.ledger, self.lookup_timeout_s = ledger, lookup_timeout_s
         self._open: dict[str, Binding] = {}
-        self._ended: set[str] = set()
+        self._ended: set[str] = set(ledger.ended) if ledger is not None else set()
         self._unbound = Binding(None)
         self.policy_version: str | None = None
         self.default_limits = Limits()  # a rollout's budget where its registration gives none (settings)
@@ -65,10 +73,15 @@ class RolloutRegistry:
             raise ProxyError(409, f"rollout {rollout_id!r} has ended; register a new rollout id for a new attempt",
                              code="rollout_ended")
         binding = self._open.setdefault(rollout_id, Binding(rollout_id))
+        if self.ledger is not None:
+            self.ledger.start(rollout_id)
         return binding, self.signer.issue(rollout_id, ttl_s)
 
     def end(self, rollout_id: str) -> bool:
-        """Close the rollout (its token stops working); the store forgets its last prompt (memory). True if open."""
+        """Close the rollout (its token stops working, across restarts: the ledger has it when this returns); the
+        store forgets its last prompt (memory). True if open."""
+        if self.ledger is not None:
+            self.ledger.end(rollout_id)
         self._ended.add(rollout_id)
         self.store.forget_rollout(rollout_id)
         return self._open.pop(rollout_id, None) is not None
@@ -88,14 +101,23 @@ class RolloutRegistry:
         return binding
 
     async def _recover(self, rollout_id: str) -> Binding:
-        """A valid token for a rollout this process does not know: it was registered before a restart."""
+        """A valid token for a rollout this process does not know: it was registered before a restart. The ledger
+        says it is live (ended ones were refused before this), or else the store is asked."""
+        if self.ledger is not None and rollout_id in self.ledger.started:
+            return self._open.setdefault(rollout_id, Binding(rollout_id))
         try:
-            info = await asyncio.to_thread(self.store.rollout, rollout_id)
+            info = await asyncio.wait_for(asyncio.to_thread(self.store.rollout, rollout_id), self.lookup_timeout_s)
         except NotFound:
             raise unauthorized(f"rollout {rollout_id!r} is not registered with this proxy") from None
+        except (sa.exc.DBAPIError, asyncio.TimeoutError):  # refused or stalled: the store cannot say now
+            raise ProxyError(503, f"rollout {rollout_id!r} is not in this proxy's ledger and the store cannot be "
+                                  "asked about it now (database unreachable); retry later", type="server_error",
+                             code="store_unavailable") from None
         if info.status == "finished":
             self._ended.add(rollout_id)
             raise unauthorized(f"rollout {rollout_id!r} has ended; its token no longer works")
+        if self.ledger is not None:
+            self.ledger.start(rollout_id)
         return self._open.setdefault(rollout_id, Binding(rollout_id))
 
     # ---- budgets (``proxy._budgets``) ------------------------------------------------------------------------
