@@ -22,10 +22,14 @@ OPENFORGE = str(Path(sys.executable).parent / "openforge")
 ADMIN = "test-admin-token-0123456789"
 
 
-def _start_proxy(up_url: str, home: Path, store_url: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "OPENFORGE_HOME": str(home), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN}
-    proc = subprocess.Popen([OPENFORGE, "proxy", "--upstream", up_url, "--store", store_url, "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _start_proxy(up_url: str, home: Path, store_url: str, port: int, env: dict | None = None,
+                 args: tuple = ()) -> subprocess.Popen:
+    env = {**os.environ, "OPENFORGE_HOME": str(home), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN, **(env or {})}
+    home.mkdir(parents=True, exist_ok=True)
+    log = home.parent / f"proxy-{port}.log"  # a file, not a pipe nobody reads: a chatty outage cannot block it
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([OPENFORGE, "proxy", "--upstream", up_url, "--store", store_url, "--port", str(port),
+                                 *args], env=env, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -34,9 +38,10 @@ def _start_proxy(up_url: str, home: Path, store_url: str, port: int) -> subproce
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise AssertionError(f"proxy exited: {proc.stderr.read().decode()}")
+            raise AssertionError(f"proxy exited: {log.read_text()}")
         time.sleep(0.1)
-    raise AssertionError("proxy did not start")
+    proc.kill()
+    raise AssertionError(f"proxy did not start: {log.read_text()}")
 
 
 def test_sigkill_during_32_concurrent_streams_loses_no_complete_answer(up, tmp_path):
