@@ -14,11 +14,14 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-console, err = Console(), Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A console made now: it reads the terminal width (COLUMNS) at this call, not when the module was imported."""
+    return Console(stderr=stderr)
 
 
 def _fail(msg: object) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+    _console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -66,10 +69,11 @@ def train_command(
         _fail(exc)
     try:
         target = out or Path(tempfile.mkdtemp(prefix="policy-", dir=_mkdir(settings.home / "checkpoints")))
-        err.print(f"training from {shard} (progress from the step; the CPU takes its time)", highlight=False)
+        _console(stderr=True).print(f"training from {shard} (progress from the step; the CPU takes its time)",
+                                    highlight=False)
         res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
                     lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, policy_id=policy_id,
-                    progress=lambda line: err.print(f"  {line}", highlight=False))
+                    progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)
     finally:
@@ -88,8 +92,8 @@ def _report(res) -> None:
                  f"importance ratio on the first batch {'n/a' if ratio is None else round(ratio, 4)}")
         if s.get("samples_without_logprobs"):
             line += f" ({s['samples_without_logprobs']} samples without logprobs trained as on-policy)"
-    console.print(line)
-    console.print(f"serve it: openforge demo --policy {res.policy_version}; its lineage: openforge lineage "
+    _console().print(line)
+    _console().print(f"serve it: openforge demo --policy {res.policy_version}; its lineage: openforge lineage "
                   f"{res.policy_version}")
     print(json.dumps({"policy_version": res.policy_version, "parent": res.parent, **s}))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -208,8 +209,13 @@ def test_not_as_root_the_reward_folder_is_the_verifiers_alone(shared_tmp):
     if os.geteuid() == 0:
         os.chown(root, 65534, 65534)
         creds = {"user": 65534, "group": 65534, "extra_groups": []}
+    code = shared_tmp / "nr-code"  # the checkout may sit where nobody cannot read it (a private clone): a copy
+    shutil.copytree(Path(__file__).parents[1] / "rollout", code / "rollout",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d in [code, *code.rglob("*")]:
+        os.chmod(d, 0o755 if d.is_dir() else 0o644)
     p = subprocess.run(["/usr/bin/python3", "-c", NOT_ROOT, str(root), str(tests)], capture_output=True, text=True,
-                       cwd=Path(__file__).parents[1], timeout=120, env={"PATH": os.environ["PATH"]}, **creds)
+                       cwd=code, timeout=120, env={"PATH": os.environ["PATH"]}, **creds)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["outputs"] == {"/logs/verifier/reward.txt": "0\n", "/logs/verifier/seen": "seen\nhonest\n"}, out
