@@ -15,6 +15,7 @@ from .._errors import ProxyError, UpstreamFailure
 from .body import check_body, check_image_url
 from .completion import Completion, loads_answer
 from .contract import Translation, WireProtocol
+from .errors import answer_guarded
 from .sse import sse_data
 
 DIALECTS = ("vllm", "sglang", "openai")
@@ -174,7 +175,10 @@ class StreamState:
             self.first_token = True
         for tc in delta.get("tool_calls") or []:
             self.first_token = True
-            slot = self._tools.setdefault(tc.get("index", 0), {"id": None, "type": "function",
+            index = tc.get("index", 0)
+            if type(index) is not int:  # the slots are sorted by it at the end
+                raise ValueError(f"tool call index {index!r} is not an integer")
+            slot = self._tools.setdefault(index, {"id": None, "type": "function",
                                                                 "function": {"name": "", "arguments": ""}})
             if tc.get("id"):
                 slot["id"] = tc["id"]
@@ -206,6 +210,7 @@ class ChatRelay:
     def first_token(self) -> bool:
         return self.state.first_token
 
+    @answer_guarded
     def feed(self, event: bytes) -> bytes:
         data = sse_data(event)
         if data is None:
@@ -248,9 +253,11 @@ class ChatCompletions(WireProtocol):
         return Translation(body["messages"], body.get("tools"), up, wants,
                            {k: v for k, v in body.items() if k not in PROMPT_KEYS}, bool(body.get("stream")))
 
+    @answer_guarded
     def parse(self, data: dict) -> Completion:
         return parse(data)
 
+    @answer_guarded
     def answer(self, data: dict, wants: Wants) -> dict:
         return strip(data, wants)
 

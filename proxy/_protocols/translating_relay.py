@@ -4,6 +4,7 @@ events (Responses, Messages)."""
 from __future__ import annotations
 
 from .completion import loads_answer
+from .errors import answer_guarded
 from .sse import sse_data
 
 
@@ -21,6 +22,7 @@ class TranslatingRelay:
     def first_token(self) -> bool:
         return self.chat.first_token
 
+    @answer_guarded
     def feed(self, event: bytes) -> bytes:
         data = sse_data(event)
         if data is None:

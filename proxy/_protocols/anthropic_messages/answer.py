@@ -50,10 +50,11 @@ def signature(thinking: str) -> str:
 
 
 def usage(chat_usage: dict | None, prompt_len: int = 0) -> dict:
-    u = chat_usage or {}
+    u = chat_usage if isinstance(chat_usage, dict) else {}
+    details = u.get("prompt_tokens_details")
     return {"input_tokens": u.get("prompt_tokens", prompt_len), "output_tokens": u.get("completion_tokens", 0),
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0}
+            "cache_read_input_tokens": (details.get("cached_tokens") if isinstance(details, dict) else 0) or 0}
 
 
 def tool_input(arguments: str) -> dict:

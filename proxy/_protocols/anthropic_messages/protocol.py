@@ -12,7 +12,7 @@ from ..._errors import ProxyError
 from .. import openai_chat
 from ..completion import Completion
 from ..contract import SideRoute, Translation, WireProtocol
-from ..errors import bad_request, guarded, upstream_message
+from ..errors import answer_guarded, bad_request, guarded, upstream_message
 from .answer import MessagesRelay, answer, error_body, upstream_error
 from .request import PROMPT_FIELDS, chat_messages, chat_request, chat_tools, tokenize_request, validate
 
@@ -45,9 +45,11 @@ class Messages(WireProtocol):
         params = {k: v for k, v in body.items() if k not in PROMPT_FIELDS}
         return Translation(messages, tools or None, up, ctx, params, bool(body.get("stream")), notes)
 
+    @answer_guarded
     def parse(self, data: dict) -> Completion:
         return openai_chat.parse(data)
 
+    @answer_guarded
     def answer(self, data: dict, ctx: dict) -> dict:
         return answer(data, ctx)
 

@@ -108,9 +108,10 @@ def remember(turn: Turn, comp: Completion) -> None:
 
 
 def usage(chat_usage: dict | None) -> dict | None:
-    if not chat_usage:
+    if not chat_usage or not isinstance(chat_usage, dict):  # also an upstream's junk: the failure event must render
         return None
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = chat_usage.get("prompt_tokens_details")
+    cached = (details.get("cached_tokens") if isinstance(details, dict) else 0) or 0
     return {"input_tokens": chat_usage.get("prompt_tokens") or 0, "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": chat_usage.get("completion_tokens") or 0,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": chat_usage.get("total_tokens") or 0}

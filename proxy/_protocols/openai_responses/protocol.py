@@ -8,7 +8,7 @@ from ..._errors import ProxyError
 from .. import openai_chat
 from ..completion import Completion
 from ..contract import SideRoute, Translation, WireProtocol
-from ..errors import bad_request, guarded
+from ..errors import answer_guarded, bad_request, guarded
 from .answer import ResponseMemory, ResponsesRelay, Turn, answer, hex_id
 from .request import PROMPT_FIELDS, chat_request, chat_tools, input_messages, validate
 
@@ -65,9 +65,11 @@ class Responses(WireProtocol):
                               "previous_response_not_found")
         return list(prev)
 
+    @answer_guarded
     def parse(self, data: dict) -> Completion:
         return openai_chat.parse(data)
 
+    @answer_guarded
     def answer(self, data: dict, turn: Turn) -> dict:
         return answer(data, turn)
 
