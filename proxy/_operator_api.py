@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import orjson
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
@@ -237,7 +237,7 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
         return {"status": "ok", "paused": rollouts.paused, "in_flight": rollouts.in_flight,
                 "policy_version": rollouts.policy_version, "store": store.writer_status()}
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=PlainTextResponse)  # Prometheus text, documented as such
     async def metrics():
         service.metrics.in_flight.set(rollouts.in_flight)
         service.metrics.paused.set(1 if rollouts.paused else 0)
