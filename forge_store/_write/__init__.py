@@ -11,6 +11,7 @@ the journal with ``journal_tail``). Both apply through ``db_apply``: one transac
 Recovery: the journal's next owner cuts a torn tail off (``journal_files.repair_torn_tail``) and replays every
 record after the checkpoint (``ThreadWriter`` from the files; the drain process from ``JournalTail``'s cursor);
 ``openforge store drain`` does the same for every journal whose writer is gone. A store opened while its database
-was away (``open_store(..., offline=True)``) checks the schema before its first batch (``db_ready``). Dead letters: an operation the database
-refuses for good is kept in the journal's ``dead-letter/`` folder by ``db_apply.BatchApplier``.
+was away (``open_store(..., offline=True)``) checks the schema before its first batch (``db_ready``). Dead letters:
+an operation the database refuses for good is kept in the journal's ``dead-letter/`` folder by
+``db_apply.BatchApplier``.
 """
