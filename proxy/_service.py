@@ -200,9 +200,14 @@ class ProxyService:
                                   "upstream_protocol")
             await self._record_failure(rec, t0, part, exc)
             raise exc from None
-        self._fill(rec, protocol.parse(data))
+        try:
+            self._fill(rec, protocol.parse(data))
+            body = orjson.dumps(protocol.answer(data, wants))
+        except UpstreamFailure as exc:  # JSON, but not an answer the protocol can read: recorded, then the 502
+            await self._record_failure(rec, t0, part, exc)
+            raise
         await self._record(rec, t0, part)
-        reply = Reply(200, orjson.dumps(protocol.answer(data, wants)), call_id=rec.id)
+        reply = Reply(200, body, call_id=rec.id)
         self._soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)
         return reply
 

@@ -271,7 +271,8 @@ def test_no_key_is_401_unless_unbound_calls_are_allowed(up, tmp_path):
 
 
 def test_bad_admin_requests(px):
-    assert px.admin("POST", "/admin/rollouts", json={"bogus": 1}).status_code == 422
+    r = px.admin("POST", "/admin/rollouts", json={"bogus": 1})  # an authenticated bad body: 400, naming the field
+    assert r.status_code == 400 and "bogus" in r.text
     assert px.admin("POST", "/admin/rollouts/x/end", json={"outcome": "exploded"}).status_code == 400
     r = px.admin("POST", "/admin/rollouts", json={"rollout_id": "x" * 200})  # past the store's 128 characters
     assert r.status_code == 400 and "at most 128" in r.json()["error"]["message"]
@@ -427,3 +428,50 @@ def test_an_engines_finish_reason_past_the_stores_column_is_kept_in_the_metadata
         serve.stop()
         server.shutdown()
         px.store.close()
+
+
+def test_an_answer_the_protocol_cannot_read_is_a_recorded_502(tmp_path):
+    """A 200 whose JSON is no chat completion (``choices`` a number), asked through the Responses API: the client
+    gets the 502, and the call is stored with ``upstream_protocol`` (it used to be lost)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from forge_store import Settings
+    from proxy import build_proxy
+    from tests.proxy_fixtures import ServeInThread
+
+    class Odd(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": 5}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = build_proxy(f"http://127.0.0.1:{server.server_port}", settings=Settings(home=tmp_path / "h"),
+                        store_url=f"sqlite:///{tmp_path / 's.sqlite'}")
+    serve = ServeInThread(proxy.app)
+    url = serve.start()
+    try:
+        token = proxy.signer.issue("r1")
+        proxy.service.rollouts.register("r1")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+        with pytest.raises(openai.APIStatusError) as err:
+            client.responses.create(model="m", input="hi")
+        assert err.value.status_code == 502
+        proxy.store.flush(10)
+        (call,) = proxy.store.calls("r1")
+        assert call.error_class == "upstream_protocol" and call.api_surface == "responses"
+        assert err.value.response.headers["x-openforge-call-id"] == call.id
+    finally:
+        serve.stop()
+        server.shutdown()
+        proxy.store.close()
