@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from proxy import HttpServer, build_proxy
+from proxy import HttpLimits, HttpServer, build_proxy
 from rollout import ProxyUnavailable
 
 
@@ -32,7 +32,8 @@ class EmbeddedProxy:
         os.chmod(self.socket_path, 0o666)
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         self.admin_token = self.proxy.admin_token
-        self.server = HttpServer(self.proxy.app, max_body=settings.proxy_max_body_bytes, graceful_s=2)
+        self.server = HttpServer(self.proxy.app, max_body=settings.proxy_max_body_bytes, graceful_s=2,
+                                 limits=HttpLimits.from_settings(settings))
         self.server.start_in_thread([tcp, uds], name="embedded-proxy", on_failure=lambda: ProxyUnavailable(
             "the embedded proxy did not start (see the log above)"))
 

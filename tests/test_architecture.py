@@ -22,7 +22,7 @@ PARTS = ("openforge", "forge_store", "proxy", "rollout", "learner", "dashboards"
 LONG_MODULES: dict[str, str] = {}
 
 PUBLIC = {
-    "proxy": ["HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
+    "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
                       "default_cache_dir", "ensure_env", "ensure_model"],
     "proxy.testing": ["ChatTokenizer", "Conversations", "Delay", "HTTPError", "RecordedRequest", "Script",
