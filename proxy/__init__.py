@@ -3,9 +3,10 @@
 Public: ``build_proxy`` (a proxy assembled from settings: wire protocols, store, rollout registry, upstream,
 service, ASGI app), ``HttpServer`` (the proxy's own HTTP/1.1 server, which ``openforge proxy`` runs) with its
 ``HttpLimits`` (deadlines, size and connection caps, from settings), and the errors. Real engines to put behind
-it are in ``proxy.engines``, test doubles of one in ``proxy.testing``; every other module is private: ``_protocols/`` (one module or folder per wire protocol, and their registry), ``_service``
-(a call's path), ``_asgi_app`` (model calls to the service, the rest to ``_operator_api``), ``_http/`` (the server),
-``_upstream/`` (the client), ``_rollouts`` (which rollouts may call), ``_build``.
+it are in ``proxy.engines``, test doubles of one in ``proxy.testing``; every other module is private:
+``_protocols/`` (one module or folder per wire protocol, and their registry), ``_service`` (a call's path),
+``_asgi_app`` (model calls to the service, the rest to ``_operator_api``), ``_http/`` (the server), ``_upstream/``
+(the client), ``_rollouts`` (which rollouts may call), ``_build``.
 """
 
 from ._build import Proxy, build_proxy
