@@ -281,14 +281,32 @@ def test_bad_admin_requests(px):
     assert r.status_code == 401
 
 
-def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
-    """A real HTTP server that answers a stream with one good chunk, then bytes that are not JSON."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+@contextlib.contextmanager
+def _proxy_before(handler: type[BaseHTTPRequestHandler], tmp_path):
+    """A recording proxy in front of a real HTTP server answering with ``handler``; yields the proxy and an openai
+    client for its registered rollout ``r1``."""
     from forge_store import Settings
     from proxy import build_proxy
     from tests.proxy_fixtures import ServeInThread
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = build_proxy(f"http://127.0.0.1:{server.server_port}", settings=Settings(home=tmp_path / "h"),
+                        store_url=f"sqlite:///{tmp_path / 's.sqlite'}")
+    serve = ServeInThread(proxy.app)
+    url = serve.start()
+    try:
+        token = proxy.signer.issue("r1")
+        proxy.service.rollouts.register("r1")
+        yield proxy, openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    finally:
+        serve.stop()
+        server.shutdown()
+        proxy.store.close()
+
+
+def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
+    """A real HTTP server that answers a stream with one good chunk, then bytes that are not JSON."""
 
     class Broken(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -298,33 +316,18 @@ def test_upstream_sending_garbage_mid_stream_is_a_protocol_error(tmp_path):
             self.end_headers()
             good = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}]}
-            import json
-
             self.wfile.write(b"data: " + json.dumps(good).encode() + b"\n\ndata: {not json\n\n")
             self.wfile.flush()
 
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    proxy = build_proxy(f"http://127.0.0.1:{server.server_port}", settings=Settings(home=tmp_path / "h"),
-                        store_url=f"sqlite:///{tmp_path / 's.sqlite'}")
-    serve = ServeInThread(proxy.app)
-    url = serve.start()
-    try:
-        token = proxy.signer.issue("r1")
-        proxy.service.rollouts.register("r1")
-        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    with _proxy_before(Broken, tmp_path) as (proxy, client):
         with pytest.raises(openai.APIError, match="not JSON"):
             list(client.chat.completions.create(model="m", messages=USER, stream=True))
         proxy.store.flush(10)
         (call,) = proxy.store.calls("r1")
         assert call.error_class == "upstream_protocol" and call.response["text"] == "hi"
-    finally:
-        serve.stop()
-        server.shutdown()
-        proxy.store.close()
 
 
 def test_a_bug_in_the_proxy_is_a_500_in_the_apis_shape_and_the_next_call_works(px, monkeypatch, caplog):
@@ -433,13 +436,6 @@ def test_an_engines_finish_reason_past_the_stores_column_is_kept_in_the_metadata
 def test_an_answer_the_protocol_cannot_read_is_a_recorded_502(tmp_path):
     """A 200 whose JSON is no chat completion (``choices`` a number), asked through the Responses API: the client
     gets the 502, and the call is stored with ``upstream_protocol`` (it used to be lost)."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from forge_store import Settings
-    from proxy import build_proxy
-    from tests.proxy_fixtures import ServeInThread
 
     class Odd(BaseHTTPRequestHandler):
         def do_POST(self):
@@ -454,16 +450,7 @@ def test_an_answer_the_protocol_cannot_read_is_a_recorded_502(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Odd)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    proxy = build_proxy(f"http://127.0.0.1:{server.server_port}", settings=Settings(home=tmp_path / "h"),
-                        store_url=f"sqlite:///{tmp_path / 's.sqlite'}")
-    serve = ServeInThread(proxy.app)
-    url = serve.start()
-    try:
-        token = proxy.signer.issue("r1")
-        proxy.service.rollouts.register("r1")
-        client = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0)
+    with _proxy_before(Odd, tmp_path) as (proxy, client):
         with pytest.raises(openai.APIStatusError) as err:
             client.responses.create(model="m", input="hi")
         assert err.value.status_code == 502
@@ -471,7 +458,3 @@ def test_an_answer_the_protocol_cannot_read_is_a_recorded_502(tmp_path):
         (call,) = proxy.store.calls("r1")
         assert call.error_class == "upstream_protocol" and call.api_surface == "responses"
         assert err.value.response.headers["x-openforge-call-id"] == call.id
-    finally:
-        serve.stop()
-        server.shutdown()
-        proxy.store.close()
