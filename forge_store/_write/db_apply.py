@@ -82,7 +82,18 @@ def insert_ignore(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> Non
     if not rows:
         return
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).on_conflict_do_nothing(), rows)
+    conn.execute(dialect.insert(table).on_conflict_do_nothing(), _same_keys(table, rows))
+
+
+def _same_keys(table: sa.Table, rows: list[dict]) -> list[dict]:
+    """Every row of one executemany with the same keys (SQLAlchemy builds the statement from the first row and
+    refuses a later row that lacks one of its keys): a missing key gets its column's scalar default, else None."""
+    keys = set().union(*rows)
+    if all(len(r) == len(keys) for r in rows):
+        return rows
+    fill = {k: (c.default.arg if c.default is not None and c.default.is_scalar else None)
+            for k in keys for c in (table.c[k],)}
+    return [r if len(r) == len(keys) else {**fill, **r} for r in rows]
 
 
 def reserve_seqs(conn: sa.Connection, n: int) -> int:
@@ -139,7 +150,6 @@ def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:
         raise InvalidRecord(f"call {row.get('id')}: completion token ids or logprobs cannot be stored "
                             f"({exc})") from None
     answer = op.get("resp")
-    row.setdefault("response_message_hash", None)  # every row of a batch has the same keys (executemany)
     if answer is not None:
         try:
             body = canonical_json(answer).decode()
