@@ -6,7 +6,8 @@ service, ASGI app), ``HttpServer`` (the proxy's own HTTP/1.1 server, which ``ope
 it are in ``proxy.engines``, test doubles of one in ``proxy.testing``; every other module is private:
 ``_protocols/`` (one module or folder per wire protocol, and their registry), ``_service`` (a call's path),
 ``_asgi_app`` (model calls to the service, the rest to ``_operator_api``), ``_http/`` (the server), ``_upstream/``
-(the client), ``_rollouts`` (which rollouts may call), ``_build``.
+(the client), ``_rollouts`` (which rollouts may call), ``_build``, ``_replicas`` (``--workers``' supervisor) and
+``_fleet`` / ``_siblings`` (admin changes that hold on every worker).
 """
 
 from ._build import Proxy, build_proxy

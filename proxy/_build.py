@@ -9,7 +9,9 @@ A replica (``replica_id``: ``openforge proxy --workers N`` numbers its workers, 
 shares the store, the token secret and the admin token with the others and keeps its own journal and rollout ledger,
 named ``<journal>-<replica id>``: a replica restarted under the same id opens its predecessor's journal and drains
 what it left. It serves rollouts the others registered and ended, and ``previous_response_id`` of responses they
-answered, through the store (``proxy._rollouts``, ``proxy._protocols.openai_responses``)."""
+answered, through the store (``proxy._rollouts``, ``proxy._protocols.openai_responses``). A worker of ``--workers``
+(``run_dir``: its supervisor's run folder) starts in the proxy-wide state its siblings left there (paused or not, the
+active policy version, the engine replicas) and reaches them for proxy-wide admin changes (``proxy._fleet``)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from forge_store import Settings, Store, open_store
 from ._asgi_app import ProxyApp
 from ._auth import TokenSigner, load_or_create_secret
 from ._budgets import Limits
+from ._fleet import Fleet
 from ._metrics import Metrics
 from ._operator_api import create_app
 from ._protocols.openai_chat import DIALECTS
@@ -32,6 +35,7 @@ from ._redaction import Redactor
 from ._rollout_ledger import RolloutLedger
 from ._rollouts import RolloutRegistry
 from ._service import ProxyService
+from ._siblings import Siblings
 from ._upstream import Upstream, UpstreamPool, check_replicas
 
 
@@ -47,7 +51,7 @@ class Proxy:
 def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_url: str | None = None,
                 dialect: str = "vllm", journal_name: str = "proxy", upstream_api_key: str | None = None,
                 policy_version: str | None = None, store: Store | None = None,
-                replica_id: str | None = None) -> Proxy:
+                replica_id: str | None = None, run_dir: Path | None = None) -> Proxy:
     if dialect not in DIALECTS:
         raise ValueError(f"upstream dialect {dialect!r} unknown: use one of {', '.join(DIALECTS)}")
     served = protocols({"responses": settings.proxy_responses_mode, "messages": settings.proxy_messages_mode})
@@ -59,7 +63,11 @@ def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_
     signer = TokenSigner(secret)
     if replica_id is not None:
         journal_name, settings = replica_journal(journal_name, replica_id, settings)
-    upstream = _pool(upstream_url, settings, dialect, upstream_api_key)  # refused replicas: before the journal opens
+    siblings = Siblings(run_dir, replica_id, admin_token) if run_dir is not None and replica_id is not None else None
+    state = siblings.read_state() if siblings is not None else None  # read after its socket is bound (the CLI's)
+    if state is not None:  # the engine replicas as the last admin change left them (not probed again: all were)
+        upstream_url, policy_version = [m["url"] for m in state["upstreams"]], state["policy_version"]
+    upstream = _pool(upstream_url, settings, dialect, upstream_api_key, probe=state is None)  # before the journal
     if store is None:
         store = open_store(store_url, journal=True, name=journal_name, offline=True,
                            settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}),
@@ -76,8 +84,12 @@ def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_
             if type(protocol) is Responses:  # translated: the conversations live here, and in the store for the others
                 protocol.memory.store = store
     service = ProxyService(store, upstream, rollouts, redactor=redactor, metrics=Metrics(), dialect=dialect,
-                           max_body_bytes=settings.proxy_max_body_bytes)
-    return Proxy(create_app(service, served, admin_token=admin_token), service, store, admin_token, signer)
+                           max_body_bytes=settings.proxy_max_body_bytes, replica_id=replica_id)
+    fleet = Fleet(store, rollouts, upstream, siblings)
+    if state is not None:
+        fleet.restore(state)
+    app = create_app(service, served, admin_token=admin_token, fleet=fleet)
+    return Proxy(app, service, store, admin_token, signer)
 
 
 REPLICA_SYNC = {"register_wait_s": 5.0, "sync_s": 2.0}  # how replicas wait for each other (``RolloutRegistry``)
@@ -95,11 +107,13 @@ def replica_journal(journal_name: str, replica_id: str, settings: Settings) -> t
     return name, settings
 
 
-def _pool(urls: str | Sequence[str], settings: Settings, dialect: str, api_key: str | None) -> UpstreamPool:
-    """The engine replicas (``proxy._upstream.pool``). Several are probed first: replicas of another engine or
-    other models are refused here (ValueError: value, rule, fix); one alone is not (the proxy starts without it)."""
+def _pool(urls: str | Sequence[str], settings: Settings, dialect: str, api_key: str | None,
+          probe: bool = True) -> UpstreamPool:
+    """The engine replicas (``proxy._upstream.pool``). Several are probed first (unless not ``probe``): replicas
+    of another engine or other models are refused here (ValueError: value, rule, fix); one alone is not (the proxy
+    starts without it)."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     make = partial(Upstream, api_key=api_key, connect_timeout_s=settings.proxy_connect_timeout_s,
                    read_timeout_s=settings.proxy_read_timeout_s)
-    infos = check_replicas(urls, dialect, make) if len(urls) > 1 else None
+    infos = check_replicas(urls, dialect, make) if probe and len(urls) > 1 else None
     return UpstreamPool([make(u) for u in urls], dialect=dialect, make=make, infos=infos)

@@ -36,6 +36,7 @@ def proxy_command(
                                              "store (e.g. a Kubernetes pod's name): its journal and ledger are named "
                                              "by it; a replica restarted with the same id drains what it left."),
     listen_fd: Optional[int] = typer.Option(None, "--listen-fd", hidden=True),  # a worker of --workers
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", hidden=True),  # its supervisor's (proxy._siblings)
 ) -> None:
     """Run the recording proxy: harnesses call it instead of the inference server, every call lands in the store."""
     import logging
@@ -72,6 +73,11 @@ def proxy_command(
     else:
         listener = _listen(host, port, err)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    listeners = [listener]
+    if run_dir is not None and replica_id is not None:  # bound before the build reads the siblings' state
+        from ._siblings import bind_private
+
+        listeners.append(bind_private(run_dir, replica_id))
     if workers > 1:
         raise typer.Exit(_supervise(listener, workers, replica_id, err, settings=settings, upstream=upstream,
                                     store=store, dialect=dialect, journal=journal, policy_version=policy_version,
@@ -79,7 +85,8 @@ def proxy_command(
                                     port=port))
     try:
         proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
-                            upstream_api_key=api_key, policy_version=policy_version, replica_id=replica_id)
+                            upstream_api_key=api_key, policy_version=policy_version, replica_id=replica_id,
+                            run_dir=run_dir)
     except (StoreError, JournalError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -89,7 +96,7 @@ def proxy_command(
               f"({dialect}); "
               f"store {proxy.store.url}; {admin}" + (f"; replica {replica_id}" if replica_id else ""), highlight=False)
     try:
-        _serve(proxy.app, listener, settings.proxy_max_body_bytes)
+        _serve(proxy.app, listeners, settings.proxy_max_body_bytes)
     finally:
         proxy.store.close()
         proxy.service.rollouts.ledger.close()
@@ -144,8 +151,8 @@ def _listen(host: str, port: int, err):
     return listener
 
 
-def _serve(app, listener, max_body: int) -> None:
-    """Serve ``app`` on ``listener`` with the proxy's own server until SIGINT or SIGTERM."""
+def _serve(app, listeners: list, max_body: int) -> None:
+    """Serve ``app`` on ``listeners`` with the proxy's own server until SIGINT or SIGTERM."""
     import asyncio
     import gc
     import signal
@@ -164,6 +171,6 @@ def _serve(app, listener, max_body: int) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, front.stop)
-        await front.serve([listener])
+        await front.serve(listeners)
 
     uvloop.run(serve())

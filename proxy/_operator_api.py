@@ -5,7 +5,8 @@ Harness routes besides the model calls: ``/v1/models`` and the wire protocols' s
 (``/v1/messages/count_tokens``; the refused websocket of ``/v1/responses``), also under ``/r/{token}/...``; errors
 take the shape of the API the path speaks. Operator routes: ``/health``, ``/metrics``, and ``/admin/*`` (bearer
 admin token): register/end rollouts, add a reward to a rollout, record and switch policy versions, pause/drain/
-resume and the fenced weight update (``proxy._policy_routes``), the engine replicas (``proxy._upstream_routes``).
+resume and the fenced weight update (``proxy._policy_routes``), the engine replicas (``proxy._upstream_routes``);
+behind ``--workers`` those that change proxy-wide state hold on every worker (``proxy._fleet``).
 Routes are thin: the work is the service's, the rollout registry's, the pool's, the store's and the protocols'.
 """
 
@@ -31,6 +32,7 @@ from ._auth import admin_token_matches
 from ._budgets import Limits
 from ._errors import ProxyError
 from ._exchange import CallHeaders, parse_json, read_body
+from ._fleet import Fleet
 from ._policy_routes import policy_routes
 from ._protocols.body import check_body
 from ._protocols.contract import SideRoute, WireProtocol
@@ -118,8 +120,11 @@ def _admin_route(admin_token: str) -> type[APIRoute]:
     return AdminRoute
 
 
-def create_app(service: ProxyService, protocols: Protocols, *, admin_token: str) -> ProxyApp:
-    """The proxy's ASGI app: ``protocols``' model calls straight to ``service``, the rest through FastAPI."""
+def create_app(service: ProxyService, protocols: Protocols, *, admin_token: str,
+               fleet: Fleet | None = None) -> ProxyApp:
+    """The proxy's ASGI app: ``protocols``' model calls straight to ``service``, the rest through FastAPI.
+    ``fleet``: the sibling workers admin changes reach (default: this process alone)."""
+    fleet = fleet or Fleet(service.store, service.rollouts, service.upstream)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -132,7 +137,7 @@ def create_app(service: ProxyService, protocols: Protocols, *, admin_token: str)
     app = FastAPI(title="OpenForge recording proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     _error_handlers(app, protocols, service)
     app.include_router(_harness_routes(service, protocols))
-    app.include_router(_operator_routes(service, protocols, admin_token))
+    app.include_router(_operator_routes(service, protocols, admin_token, fleet))
     return ProxyApp(service, protocols, app)
 
 
@@ -228,7 +233,7 @@ def _refusal_routes(router: APIRouter, route: SideRoute, protocol: WireProtocol)
 
 
 # ---- operators ---------------------------------------------------------------------------------------------------
-def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: str) -> APIRouter:
+def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: str, fleet: Fleet) -> APIRouter:
     router = APIRouter(route_class=_admin_route(admin_token), responses=ERRORS)  # the admin token: AdminRoute
     store, rollouts = service.store, service.rollouts
 
@@ -301,15 +306,17 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
                                   "asked about it now (database unreachable); retry later", type="server_error",
                              code="store_unavailable") from None
 
-    policy_routes(router, service, _to_thread)
-    upstream_routes(router, service)
+    policy_routes(router, service, fleet, _to_thread)
+    upstream_routes(router, service, fleet)
 
     @router.get("/admin/status")
-    async def status():
-        return {"paused": rollouts.paused, "in_flight": rollouts.in_flight, "policy_version": rollouts.policy_version,
-                "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect,
-                "upstreams": [r.url for r in service.upstream.replicas],
-                **{f"{surface}_mode": mode for surface, mode in protocols.modes.items()}}
+    async def status(request: Request):
+        """This process's state; behind ``--workers``, ``workers``: each worker's (``replica_id`` names them)."""
+        return await fleet.views(request, {
+            "paused": rollouts.paused, "in_flight": rollouts.in_flight, "policy_version": rollouts.policy_version,
+            "store": store.writer_status(), "upstream": service.upstream.base_url, "dialect": service.dialect,
+            "upstreams": [r.url for r in service.upstream.replicas], "replica_id": fleet.replica_id,
+            **{f"{surface}_mode": mode for surface, mode in protocols.modes.items()}})
 
     return router
 

@@ -4,7 +4,8 @@ the pause that fences a weight update, and the whole update in one call (``POST 
 The fence: the proxy records a call under the version current when it admitted the call (``RolloutRegistry.enter``).
 A pause holds new calls (they wait, they do not fail, up to ``proxy_pause_max_s``); the drain waits until every
 admitted call (streams included) has been answered and recorded; only then may the engines' weights change, and the
-new version is active before a held call is let through.
+new version is active before a held call is let through. Behind ``--workers`` each step holds on every worker
+before the next (``proxy._fleet``): all pause and drain, the hook runs once, all activate, all resume.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import asyncio
 import time
 
 import orjson
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._errors import ProxyError, UpstreamFailure
+from ._fleet import Fleet
 from ._service import ProxyService
 from ._upstream import Upstream
 
@@ -69,48 +71,41 @@ class WeightsIn(BaseModel):
     drain_timeout_s: float = Field(default=300.0, ge=0, le=3600)
 
 
-def policy_routes(router: APIRouter, service: ProxyService, to_thread) -> None:
-    """Policy versions, pause / resume, and the weight update (see the module docstring)."""
+def policy_routes(router: APIRouter, service: ProxyService, fleet: Fleet, to_thread) -> None:
+    """Policy versions, pause / resume, and the weight update (see the module docstring); each holds on every
+    worker behind ``--workers`` (``fleet``)."""
     store, rollouts = service.store, service.rollouts
     updating = asyncio.Lock()  # one weight update at a time; a second waits for the first
 
-    async def activate_version(version: str) -> str | None:
-        """Calls admitted from now on are recorded under ``version`` (those in flight keep the one they entered
-        with: ``RolloutRegistry.enter``). Returns the version it replaces."""
-        previous, rollouts.policy_version = rollouts.policy_version, version
-        await to_thread(store.add_event, "policy_version.activated", source="proxy",
-                        detail={"policy_version": version, "previous": previous})
-        return previous
-
     @router.post("/admin/policy_versions")
-    async def policy_version(body: PolicyIn):
+    async def policy_version(request: Request, body: PolicyIn):
         fields = body.model_dump(exclude={"id", "activate"})
         await to_thread(store.register_policy_version, body.id, **fields)
-        previous = await activate_version(body.id) if body.activate else rollouts.policy_version
+        previous = rollouts.policy_version
+        if body.activate:
+            async with fleet.change(request):
+                previous = await fleet.activate(body.id, forwarded=fleet.forwarded(request))
         return {"policy_version": body.id, "current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/policy_versions/{version}/activate")
-    async def activate(version: str):
-        previous = await activate_version(version)
+    async def activate(request: Request, version: str):
+        async with fleet.change(request):
+            previous = await fleet.activate(version, forwarded=fleet.forwarded(request))
         return {"current": rollouts.policy_version, "previous": previous}
 
     @router.post("/admin/pause")
-    async def pause(body: PauseIn | None = None):
+    async def pause(request: Request, body: PauseIn | None = None):
         body = body or PauseIn()
-        was_paused = rollouts.paused  # read and set in one loop step: of two pausers, one sees the other's pause
-        rollouts.pause()
-        drained = await rollouts.drain(body.timeout_s) if body.drain else None
-        return {"paused": True, "was_paused": was_paused, "drained": drained, "in_flight": rollouts.in_flight,
-                "policy_version": rollouts.policy_version}
+        async with fleet.change(request):
+            return await fleet.pause(body.drain, body.timeout_s, forwarded=fleet.forwarded(request))
 
     @router.post("/admin/resume")
-    async def resume():
-        was_paused = rollouts.paused
-        rollouts.resume()
-        return {"paused": False, "was_paused": was_paused, "policy_version": rollouts.policy_version}
+    async def resume(request: Request):
+        async with fleet.change(request):
+            return await fleet.resume(forwarded=fleet.forwarded(request))
 
     @router.post("/admin/weights/update")
-    async def update_weights(body: WeightsIn):
+    async def update_weights(request: Request, body: WeightsIn):
         """A trainer's weight update, fenced, in one call: pause (new calls wait), drain (calls in flight finish,
         recorded under the old version), the ``hook`` that loads the weights (awaited), register ``version``
         (global step, ``parent`` in its metadata, as the lineage reads it) and activate it, resume (the held calls
@@ -122,20 +117,19 @@ def policy_routes(router: APIRouter, service: ProxyService, to_thread) -> None:
         (it may hold either weights) and the others carry on; a down replica misses the update and is refused too
         (add it again once it holds the new weights). If the drain times out or every hook fails, nothing is
         activated, the old version stays, and the proxy resumes (unless it was paused before this call)."""
-        async with updating:
+        async with updating, fleet.change(request):
             return await _update(body)
 
     async def _update(body: WeightsIn) -> dict:
         t0, paused_at = time.perf_counter(), time.time()
-        was_paused, in_flight = rollouts.paused, rollouts.in_flight
-        rollouts.pause()
-        drained = await rollouts.drain(body.drain_timeout_s)
+        paused = await fleet.pause(True, body.drain_timeout_s)  # every worker, or an error (the pause undone)
+        was_paused, in_flight = paused["was_paused"], paused["in_flight_at_pause"]
         t1 = time.perf_counter()
         previous = rollouts.policy_version
-        if not drained:
+        if not paused["drained"]:
             if not was_paused:
-                rollouts.resume()
-            raise ProxyError(409, f"{rollouts.in_flight} call(s) were still in flight after drain_timeout_s="
+                await fleet.resume()
+            raise ProxyError(409, f"{paused['in_flight']} call(s) were still in flight after drain_timeout_s="
                                   f"{body.drain_timeout_s:g}; nothing was loaded, {previous!r} stays active"
                                   f"{'' if was_paused else ' and the proxy is resumed'}; pass a longer "
                                   "drain_timeout_s", code="drain_timeout")
@@ -143,18 +137,20 @@ def policy_routes(router: APIRouter, service: ProxyService, to_thread) -> None:
         t2 = time.perf_counter()
         meta = {**(body.metadata or {}), **({"parent": body.parent} if body.parent else {})}
         try:
+            if hooked:
+                await fleet.share_upstreams()  # the replicas refused here are refused on every worker
             await to_thread(store.register_policy_version, body.version, model_name=body.model_name,
                             global_step=body.global_step, checkpoint_id=body.checkpoint_id,
                             checkpoint_hash=body.checkpoint_hash, engine=body.engine,
                             engine_version=body.engine_version, metadata=meta or None)
-            await activate_version(body.version)
+            await fleet.activate(body.version)
         except Exception as exc:
             raise ProxyError(503, f"the engines hold {body.version!r}'s weights but the proxy could not record "
-                                  f"and activate it ({type(exc).__name__}: {exc}); it stays paused with "
-                                  f"{previous!r} active so that no call is misattributed: activate {body.version!r} "
-                                  "(POST /admin/policy_versions) then resume (POST /admin/resume)",
-                             type="server_error", code="activate_failed") from exc
-        rollouts.resume()
+                                  f"and activate it everywhere ({type(exc).__name__}: {exc}); it stays paused "
+                                  f"(with {previous!r} active where the activation did not reach) so that no call "
+                                  f"is misattributed: activate {body.version!r} (POST /admin/policy_versions) then "
+                                  "resume (POST /admin/resume)", type="server_error", code="activate_failed") from exc
+        await fleet.resume()
         t3, resumed_at = time.perf_counter(), time.time()
         timings = {"drain_s": t1 - t0, "hook_s": t2 - t1, "activate_s": t3 - t2, "held_s": t3 - t0,
                    "paused_at": paused_at, "resumed_at": resumed_at}  # wall clock (epoch s): calls between were held
@@ -183,7 +179,7 @@ def policy_routes(router: APIRouter, service: ProxyService, to_thread) -> None:
                              "add it again (POST /admin/upstreams)")
             return out
         if not was_paused:
-            rollouts.resume()
+            await fleet.resume()
         errors = "; ".join(f"{o['url']}: {o['error']}" for o in out) or "no engine replica takes calls"
         raise ProxyError(424, f"the weight-update hook failed everywhere ({errors}); {previous!r} stays active"
                               f"{'' if was_paused else ' and the proxy is resumed'}. If a load stopped half-way, "

@@ -9,16 +9,22 @@ ones). A worker that dies is restarted under the same id, and the new one drains
 (opening a journal replays it); journals of replica ids this run does not use (a previous run with more workers)
 are drained into the store at start, as ``openforge store drain`` would. SIGTERM / SIGINT stop the workers
 (each drains its journal into the store) and then the supervisor.
+
+The run folder (``--run-dir``, made fresh here, owner-only, removed at the end) holds each worker's private admin
+socket and the proxy-wide state: a worker that receives a pause, an activation or an upstream change applies it to
+every sibling before it answers, and a restarted worker starts in that state (``proxy._siblings``, ``proxy._fleet``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,14 +93,15 @@ def drain_orphans(store_url: str | None, settings: Settings, journal: str, keep:
 class Supervisor:
     """Start, watch and restart the workers; stop them on SIGTERM / SIGINT."""
 
-    def __init__(self, listener: socket.socket, args: list[str], ids: list[str], say):
-        self.listener, self.args, self.ids, self.say = listener, args, ids, say
+    def __init__(self, listener: socket.socket, args: list[str], ids: list[str], say, run_dir: Path):
+        self.listener, self.args, self.ids, self.say, self.run_dir = listener, args, ids, say, run_dir
         self.workers: dict[str, Worker] = {}
         self.stopping = False
 
     def _spawn(self, replica_id: str) -> subprocess.Popen:
         fd = self.listener.fileno()
-        cmd = [sys.executable, "-c", WORKER, *self.args, "--replica-id", replica_id, "--listen-fd", str(fd)]
+        cmd = [sys.executable, "-c", WORKER, *self.args, "--replica-id", replica_id, "--listen-fd", str(fd),
+               "--run-dir", str(self.run_dir)]
         return subprocess.Popen(cmd, pass_fds=(fd,))
 
     def run(self) -> int:
@@ -162,7 +169,12 @@ def supervise(listener: socket.socket, workers: int, args: list[str], *, store_u
     ensure_schema(store_url, settings, say)
     drain_orphans(store_url, settings, journal, ids, say)
     listener.listen(2048)  # connections queue while a worker starts or restarts
-    return Supervisor(listener, args, ids, say).run()
+    # short (a Unix socket's path has ~100 bytes), owner-only, this run's: the workers' sockets and shared state
+    run_dir = Path(tempfile.mkdtemp(prefix="openforge-proxy-"))
+    try:
+        return Supervisor(listener, args, ids, say, run_dir).run()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _how(rc: int) -> str:

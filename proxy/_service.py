@@ -63,8 +63,10 @@ _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 class ProxyService:
     def __init__(self, store: Store, upstream: UpstreamPool, rollouts: RolloutRegistry, *, redactor: Redactor,
-                 metrics: Metrics, dialect: str = "vllm", max_body_bytes: int = 32 << 20):
+                 metrics: Metrics, dialect: str = "vllm", max_body_bytes: int = 32 << 20,
+                 replica_id: str | None = None):
         self.store, self.upstream, self.rollouts = store, upstream, rollouts
+        self.replica = {"replica": replica_id} if replica_id else {}  # in every call's metadata: who recorded it
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
         self._redact_copy = redactor.apply if redactor.rules else None  # the stored prompt's ``prepare`` hook
         self._last_tools: tuple[list, list, frozenset[str]] | None = None  # (as sent, as stored, rules that fired)
@@ -170,8 +172,8 @@ class ProxyService:
         params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(body.get("model"), hits)
         notes = self.redactor.apply(tr.notes, hits) if tr.notes else None
         metadata = self._metadata(prompt.marks | hits)
-        if notes:
-            metadata = {**(metadata or {}), **notes}
+        if notes or self.replica:
+            metadata = {**(metadata or {}), **(notes or {}), **self.replica}
         rec = CallRecord(
             id=_call_ids.next(), rollout_id=binding.rollout_id, seq=seq, api_surface=protocol.SURFACE,
             messages=prompt.messages, tools=prompt.tools, params=params, streamed=tr.stream, model=model,

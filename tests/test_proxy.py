@@ -234,7 +234,7 @@ def test_pause_holds_new_calls_until_resume(px):
         await asyncio.sleep(0.2)
         paused = await asyncio.to_thread(px.admin, "POST", "/admin/pause", json={"drain": True, "timeout_s": 10})
         assert paused.json() == {"paused": True, "was_paused": False, "drained": True, "in_flight": 0,
-                                 "policy_version": None}  # the drain waited for the call
+                                 "in_flight_at_pause": 1, "policy_version": None}  # the drain waited for the call
         await asyncio.wait_for(slow, 5)
         held = asyncio.create_task(client.chat.completions.create(model="m", messages=USER))
         await asyncio.sleep(0.3)

@@ -308,6 +308,26 @@ class UpstreamPool:
             if rep.state == DOWN and rep is not self._only:
                 self.refuse(rep, why)
 
+    def marks(self) -> list[dict]:
+        """What an operator (or a weight update) decided about each replica, for a worker that starts later
+        (``proxy._fleet``): url, and state ``draining`` or ``refused`` (with why), else ``up`` (health is each
+        process's own)."""
+        return [{"url": r.url, "state": r.state if r.state in (DRAINING, REFUSED) else UP,
+                 "why": r.last_error if r.state == REFUSED else None} for r in self.replicas]
+
+    def apply_marks(self, marks: list[dict]) -> None:
+        """Drain or refuse the replicas ``marks`` (``marks()`` of another process) say are; others as they are."""
+        for mark in marks:
+            rep = next((r for r in self.replicas if r.url == mark["url"]), None)
+            if rep is None or rep.state == mark["state"]:
+                continue
+            if mark["state"] == REFUSED:
+                self.refuse(rep, mark["why"] or "refused by another worker of this proxy")
+            elif mark["state"] == DRAINING:
+                rep.set_state(DRAINING)
+                self._unbind(rep)
+                self._reshape()
+
     def _unbind(self, rep: Replica) -> None:
         for key in [k for k, r in self._bound.items() if r is rep]:
             del self._bound[key]
