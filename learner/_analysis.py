@@ -16,15 +16,19 @@ right for reports and notebooks. The dashboards aggregate in SQL instead (``Stor
 
 from __future__ import annotations
 
+import gc
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from forge_store import REWARD_SOURCES, RolloutFilter, RolloutInfo, Store
 
 from ._analysis_config import CATEGORIES, RubricConfig
-from ._rubrics import RolloutRubrics, pass_at_k, pass_hat_k, percentile, rollout_rubrics
+from ._rubric_cache import RubricCache
+from ._rubrics import RolloutRubrics, pass_at_k, pass_hat_k, percentile
 
 SLICES = ("policy_version", "harness", "domain")
 
@@ -76,27 +80,79 @@ class _Lineage:
 def collect(store: Store, *, config: RubricConfig | None = None, since: datetime | None = None,
             flt: RolloutFilter | None = None, limit: int | None = None, reward_sources: Sequence[str] | None = None,
             progress: Callable[[int], None] | None = None, batch_size: int = 200) -> list[RolloutFacts]:
-    """Facts and rubrics of every finished rollout (started at or after ``since``), in ingest order.
+    """Facts and rubrics of every finished rollout (started at or after ``since``), in ingest order
+    (:func:`iter_facts` as a list)."""
+    with _collector_paused():
+        return list(iter_facts(store, config=config, since=since, flt=flt, limit=limit,
+                               reward_sources=reward_sources, progress=progress, batch_size=batch_size))
 
-    Calls and rewards are read in batches of ``batch_size`` rollouts."""
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off for a pass over the store, back as it was after. A batch allocates some 10^5
+    containers (decoded JSON, none of them cyclic) and the collections they trigger traverse every live object
+    again and again: half the CPU of a read of the bench store. What a batch drops is freed by reference counting
+    as before; only cycles (none are made here) would wait for the collector's return."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def iter_facts(store: Store, *, config: RubricConfig | None = None, since: datetime | None = None,
+               flt: RolloutFilter | None = None, limit: int | None = None, reward_sources: Sequence[str] | None = None,
+               progress: Callable[[int], None] | None = None, batch_size: int = 200) -> Iterator[RolloutFacts]:
+    """:func:`collect`, streamed: calls and rewards are read in batches of ``batch_size`` rollouts, the next batch's
+    reads (a background thread, mostly waiting on the database) overlapping this batch's rubrics; ``progress``
+    gets the count done after each full batch."""
     config = config or RubricConfig()
     sources = _check_sources(reward_sources)
-    lineage = _Lineage(store)
-    out: list[RolloutFacts] = []
+    lineage, cache = _Lineage(store), RubricCache(config)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyze-read") as pool:
+        pending = None  # (batch, whether progress hears of it, future of its reads)
+        done = 0
+        for batch, report in _batches(store, flt, since, limit, batch_size):
+            ahead = (batch, report, pool.submit(_reads, store, batch, sources))
+            if pending is not None:
+                done += yield from _batch_facts(*pending, config, lineage, cache, progress, done)
+            pending = ahead
+        if pending is not None:
+            yield from _batch_facts(*pending, config, lineage, cache, progress, done)
+
+
+def _batch_facts(batch, report, reads, config, lineage, cache, progress, done) -> Iterator[RolloutFacts]:
+    yield from _facts(batch, *reads.result(), config=config, lineage=lineage, cache=cache)
+    if progress and report:
+        progress(done + len(batch))
+    return len(batch)
+
+
+def _batches(store: Store, flt: RolloutFilter | None, since: datetime | None, limit: int | None,
+             batch_size: int) -> Iterator[tuple[list[RolloutInfo], bool]]:
+    """The finished rollouts (started at or after ``since``; the first ``limit``) in batches, in ingest order, each
+    with whether progress hears of it (every batch but a last short one)."""
     batch: list[RolloutInfo] = []
+    taken = 0
     for info in store.iter_rollouts(flt or RolloutFilter(finished=True)):
         if info.status != "finished" or (since is not None and info.started_at < since):
             continue
         batch.append(info)
-        if len(batch) == batch_size or (limit is not None and len(out) + len(batch) >= limit):
-            out += rollout_facts(store, batch, config=config, reward_sources=sources, lineage=lineage)
+        if len(batch) == batch_size or (limit is not None and taken + len(batch) >= limit):
+            taken += len(batch)
+            yield batch, True
             batch = []
-            if progress:
-                progress(len(out))
-            if limit is not None and len(out) >= limit:
-                return out
-    out += rollout_facts(store, batch, config=config, reward_sources=sources, lineage=lineage)
-    return out
+            if limit is not None and taken >= limit:
+                return
+    if batch:
+        yield batch, False
+
+
+def _reads(store: Store, infos: Sequence[RolloutInfo], sources: tuple[str, ...] | None) -> tuple[dict, dict]:
+    ids = [i.id for i in infos]
+    return store.call_summaries(ids), store.latest_rewards(ids, sources=sources)
 
 
 def rollout_facts(store: Store, infos: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
@@ -105,31 +161,90 @@ def rollout_facts(store: Store, infos: Sequence[RolloutInfo], *, config: RubricC
     if not infos:
         return []
     config = config or RubricConfig()
-    lineage = lineage or _Lineage(store)
-    ids = [i.id for i in infos]
-    calls_of = store.call_summaries(ids)
-    rewards = store.latest_rewards(ids, sources=reward_sources)
-    out = []
+    return list(_facts(infos, *_reads(store, infos, _check_sources(reward_sources)), config=config,
+                       lineage=lineage or _Lineage(store), cache=RubricCache(config)))
+
+
+def _facts(infos: Sequence[RolloutInfo], calls_of: dict, rewards: dict, *, config: RubricConfig, lineage: _Lineage,
+           cache: RubricCache) -> Iterator[RolloutFacts]:
     for info in infos:
         task = lineage.tasks.get(info.task_id) or {}
         h = lineage.harnesses.get(info.harness_id)
         harness = f"{h['name']}@{h['version']}" if h and h.get("version") else (h["name"] if h else (info.harness_id or "(none)"))
         value = rewards[info.id].value if info.id in rewards else None
-        calls = calls_of.get(info.id, [])
         latency = (info.ended_at - info.started_at).total_seconds() if info.ended_at else None
-        out.append(RolloutFacts(info=info, harness=harness, domain=task.get("domain") or "(none)", reward=value,
-                                passed=_passed(info.outcome, value, config), latency_s=latency,
-                                rubrics=rollout_rubrics(calls, task_metadata=task.get("metadata"), config=config,
-                                                        rollout_id=info.id)))
-    return out
+        yield RolloutFacts(info=info, harness=harness, domain=task.get("domain") or "(none)", reward=value,
+                           passed=_passed(info.outcome, value, config), latency_s=latency,
+                           rubrics=cache.rubrics(calls_of.get(info.id, []), task_metadata=task.get("metadata"),
+                                                 rollout_id=info.id))
 
 
-def _groups(facts: Iterable[RolloutFacts], by: str) -> dict[str, list[RolloutFacts]]:
+@dataclass
+class _Slice:
+    """What every table needs of one slice's rollouts, added one at a time (in ingest order, so that the means
+    sum their values in the order a list of the slice's facts would): memory per slice, not per rollout's calls."""
+
+    rollouts: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    graded: int = 0
+    graded_passed: int = 0
+    tasks: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # task -> [graded, passed]
+    latencies: list = field(default_factory=list)
+    excluded: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    tool_calls: int = 0
+    shell: int = 0
+    format_ok: int = 0
+    failed: int = 0
+    recovered: int = 0
+    wrote: int = 0
+    verified: int = 0
+    coverage: list = field(default_factory=list)
+    efficiency: list = field(default_factory=list)  # of rollouts that passed
+    tools: Counter = field(default_factory=Counter)
+    categories: Counter = field(default_factory=Counter)
+
+    def add(self, f: RolloutFacts, config: RubricConfig, excluded: dict[str, set[str]]) -> None:
+        r = f.rubrics
+        self.rollouts += 1
+        self.outcomes[f.info.outcome] += 1
+        if f.info.outcome in config.graded_outcomes:
+            self.graded += 1
+            self.graded_passed += int(f.passed)
+            task = self.tasks[f.info.task_id or "(none)"]
+            task[0] += 1
+            task[1] += int(f.passed)
+        self.latencies.append(f.latency_s)
+        if f.info.id in excluded:
+            self.excluded += 1
+            self.reasons.update(excluded[f.info.id])
+        self.tool_calls += r.n_tool_calls
+        self.shell += r.category_counts.get("shell", 0)
+        self.format_ok += r.format_ok
+        self.failed += r.failed
+        self.recovered += r.recovered
+        if r.wrote:
+            self.wrote += 1
+            self.verified += bool(r.self_verified)
+        self.coverage.append(r.coverage)
+        if f.passed:
+            self.efficiency.append(r.efficiency)
+        self.tools.update(r.tool_counts)
+        self.categories.update(r.category_counts)
+
+
+def _slices(facts: Iterable[RolloutFacts], by: str, excluded: dict[str, set[str]] | None = None,
+            config: RubricConfig | None = None) -> dict[str, _Slice]:
+    """Slice key -> its aggregates, keys sorted; one pass over ``facts`` (a list or a stream)."""
     if by not in SLICES:
         raise AnalysisError(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
-    out: dict[str, list[RolloutFacts]] = defaultdict(list)
+    config, excluded = config or RubricConfig(), excluded or {}
+    out: dict[str, _Slice] = {}
     for f in facts:
-        out[f.key(by)].append(f)
+        key = f.key(by)
+        if key not in out:
+            out[key] = _Slice()
+        out[key].add(f, config, excluded)
     return dict(sorted(out.items()))
 
 
@@ -142,63 +257,85 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _pass_rates(tasks: dict[str, list[int]], k: int) -> dict[str, dict]:
+    return {t: {"n": n, "c": c, "pass@k": pass_at_k(n, c, k), "pass^k": pass_hat_k(n, c, k)}
+            for t, (n, c) in sorted(tasks.items())}
+
+
 def task_pass_rates(facts: Sequence[RolloutFacts], k: int, config: RubricConfig | None = None) -> dict[str, dict]:
     """Per task: n graded, c passed, pass@k and pass^k (None when n < k)."""
-    config = config or RubricConfig()
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    return _pass_rates(_all(facts, config).tasks, k)
+
+
+def _all(facts: Iterable[RolloutFacts], config: RubricConfig | None = None,
+         excluded: dict[str, set[str]] | None = None) -> _Slice:
+    one = _Slice()
     for f in facts:
-        if f.info.outcome in config.graded_outcomes:
-            counts[f.info.task_id or "(none)"][0] += 1
-            counts[f.info.task_id or "(none)"][1] += int(f.passed)
-    return {t: {"n": n, "c": c, "pass@k": pass_at_k(n, c, k), "pass^k": pass_hat_k(n, c, k)}
-            for t, (n, c) in sorted(counts.items())}
+        one.add(f, config or RubricConfig(), excluded or {})
+    return one
+
+
+def _summary_row(s: _Slice, ks: Sequence[int]) -> dict:
+    row = {"rollouts": s.rollouts, "success_rate": _ratio(s.graded_passed, s.graded)}
+    for k in ks:
+        per_task = _pass_rates(s.tasks, k).values()
+        row[f"pass@{k}"] = _mean(t["pass@k"] for t in per_task)
+        row[f"pass^{k}"] = _mean(t["pass^k"] for t in per_task)
+    row.update({"latency_p50_s": percentile(s.latencies, 50), "latency_p95_s": percentile(s.latencies, 95),
+                "timeout_rate": s.outcomes["policy_timeout"] / s.rollouts,
+                "infra_error_rate": s.outcomes["infra_error"] / s.rollouts,
+                "exclusion_rate": s.excluded / s.rollouts})
+    return row
+
+
+def _behaviour(s: _Slice) -> dict:
+    return {
+        "rollouts": s.rollouts, "tool_calls": s.tool_calls, "tool_calls_per_rollout": _ratio(s.tool_calls, s.rollouts),
+        "shell_share": _ratio(s.shell, s.tool_calls), "format_ok_rate": _ratio(s.format_ok, s.tool_calls),
+        "failed_tool_calls": s.failed, "recovery_rate": _ratio(s.recovered, s.failed),
+        "self_verification_rate": _ratio(s.verified, s.wrote), "tool_coverage": _mean(s.coverage),
+        # over rollouts that passed: a rollout that gives up after one call is not "efficient"
+        "step_efficiency": _mean(s.efficiency),
+    }
+
+
+def _tool_rows(slices: dict[str, _Slice], by: str) -> list[dict]:
+    config, rows = RubricConfig(), []
+    for key, s in slices.items():
+        total = sum(s.tools.values())
+        rows += [{by: key, "tool": name, "category": config.category(name), "calls": n, "share": n / total}
+                 for name, n in s.tools.most_common()]
+    return rows
+
+
+def _category_rows(slices: dict[str, _Slice], by: str) -> list[dict]:
+    rows = []
+    for key, s in slices.items():
+        total = sum(s.categories.values())
+        rows.append({by: key, **{c: _ratio(s.categories[c], total) for c in CATEGORIES}})
+    return rows
+
+
+def _exclusion_rows(slices: dict[str, _Slice], by: str) -> list[dict]:
+    return [{by: key, "reason": r, "rollouts": n, "rate": n / s.rollouts}
+            for key, s in slices.items() for r, n in sorted(s.reasons.items())]
 
 
 def summary_rows(facts: Sequence[RolloutFacts], by: str, *, ks: Sequence[int] = (1, 5),
                  excluded: dict[str, set[str]] | None = None, config: RubricConfig | None = None) -> list[dict]:
     """Outcome, pass@k / pass^k, latency and error / exclusion rates per slice."""
-    config = config or RubricConfig()
-    excluded = excluded or {}
-    rows = []
-    for key, fs in _groups(facts, by).items():
-        outcomes = Counter(f.info.outcome for f in fs)
-        graded = [f for f in fs if f.info.outcome in config.graded_outcomes]
-        row = {by: key, "rollouts": len(fs), "success_rate": _ratio(sum(f.passed for f in graded), len(graded))}
-        for k in ks:
-            per_task = task_pass_rates(fs, k, config).values()
-            row[f"pass@{k}"] = _mean(t["pass@k"] for t in per_task)
-            row[f"pass^{k}"] = _mean(t["pass^k"] for t in per_task)
-        lat = [f.latency_s for f in fs]
-        row.update({"latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
-                    "timeout_rate": outcomes["policy_timeout"] / len(fs),
-                    "infra_error_rate": outcomes["infra_error"] / len(fs),
-                    "exclusion_rate": sum(1 for f in fs if f.info.id in excluded) / len(fs)})
-        rows.append(row)
-    return rows
+    return [{by: key, **_summary_row(s, ks)} for key, s in _slices(facts, by, excluded, config).items()]
 
 
 def behaviour(facts: Sequence[RolloutFacts]) -> dict:
     """Tool-use rubrics over these rollouts, pooled (rates over all their tool calls; means for coverage and
     efficiency): one row of the behaviour table without its slice."""
-    rs = [f.rubrics for f in facts]
-    tool_calls = sum(r.n_tool_calls for r in rs)
-    wrote = [r for r in rs if r.wrote]
-    return {
-        "rollouts": len(rs), "tool_calls": tool_calls, "tool_calls_per_rollout": _ratio(tool_calls, len(rs)),
-        "shell_share": _ratio(sum(r.category_counts.get("shell", 0) for r in rs), tool_calls),
-        "format_ok_rate": _ratio(sum(r.format_ok for r in rs), tool_calls),
-        "failed_tool_calls": sum(r.failed for r in rs),
-        "recovery_rate": _ratio(sum(r.recovered for r in rs), sum(r.failed for r in rs)),
-        "self_verification_rate": _ratio(sum(bool(r.self_verified) for r in wrote), len(wrote)),
-        "tool_coverage": _mean(r.coverage for r in rs),
-        # over rollouts that passed: a rollout that gives up after one call is not "efficient"
-        "step_efficiency": _mean(f.rubrics.efficiency for f in facts if f.passed),
-    }
+    return _behaviour(_all(facts))
 
 
 def behaviour_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
     """Tool-use rubrics per slice (:func:`behaviour` of each)."""
-    return [{by: key, **behaviour(fs)} for key, fs in _groups(facts, by).items()]
+    return [{by: key, **_behaviour(s)} for key, s in _slices(facts, by).items()]
 
 
 def rubric_summary(store: Store, rollouts: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
@@ -210,39 +347,17 @@ def rubric_summary(store: Store, rollouts: Sequence[RolloutInfo], *, config: Rub
 
 def tool_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
     """One row per slice and tool: its category, count and share of the slice's tool calls."""
-    rows = []
-    config = RubricConfig()
-    for key, fs in _groups(facts, by).items():
-        counts: Counter = Counter()
-        cats: dict[str, str] = {}
-        for f in fs:
-            counts.update(f.rubrics.tool_counts)
-        total = sum(counts.values())
-        for name, n in counts.most_common():
-            cats[name] = config.category(name)
-            rows.append({by: key, "tool": name, "category": cats[name], "calls": n, "share": n / total})
-    return rows
+    return _tool_rows(_slices(facts, by), by)
 
 
 def category_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
     """Per slice, the share of tool calls in each category (shell, read, write, search, service)."""
-    rows = []
-    for key, fs in _groups(facts, by).items():
-        counts: Counter = Counter()
-        for f in fs:
-            counts.update(f.rubrics.category_counts)
-        total = sum(counts.values())
-        rows.append({by: key, **{c: _ratio(counts[c], total) for c in CATEGORIES}})
-    return rows
+    return _category_rows(_slices(facts, by), by)
 
 
 def exclusion_rows(facts: Sequence[RolloutFacts], by: str, excluded: dict[str, set[str]]) -> list[dict]:
     """Distinct excluded rollouts per slice and reason."""
-    rows = []
-    for key, fs in _groups(facts, by).items():
-        reasons = Counter(r for f in fs for r in excluded.get(f.info.id, ()))
-        rows += [{by: key, "reason": r, "rollouts": n, "rate": n / len(fs)} for r, n in sorted(reasons.items())]
-    return rows
+    return _exclusion_rows(_slices(facts, by, excluded), by)
 
 
 def analyze(store: Store, *, by: str = "policy_version", ks: Sequence[int] = (1, 5),
@@ -250,14 +365,18 @@ def analyze(store: Store, *, by: str = "policy_version", ks: Sequence[int] = (1,
             reward_sources: Sequence[str] | None = None,
             progress: Callable[[int], None] | None = None) -> dict[str, list[dict]]:
     """Every table of ``openforge analyze``: summary, behaviour, categories, tools, exclusions. Only rewards from
-    ``reward_sources`` count (None: every source)."""
+    ``reward_sources`` count (None: every source). One streaming pass: memory holds a batch of rollouts' calls
+    and the per-slice aggregates, not the facts of every rollout."""
     if by not in SLICES:
         raise AnalysisError(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
     if any(k < 1 for k in ks):
         raise AnalysisError(f"--k {list(ks)}: k must be 1 or more; pass e.g. --k 1 --k 5")
     config = config or RubricConfig()
-    facts = collect(store, config=config, since=since, reward_sources=reward_sources, progress=progress)
     excluded = store.exclusion_reasons()
-    return {"summary": summary_rows(facts, by, ks=ks, excluded=excluded, config=config),
-            "behaviour": behaviour_rows(facts, by), "categories": category_rows(facts, by),
-            "tools": tool_rows(facts, by), "exclusions": exclusion_rows(facts, by, excluded)}
+    with _collector_paused():
+        slices = _slices(iter_facts(store, config=config, since=since, reward_sources=reward_sources,
+                                    progress=progress), by, excluded, config)
+    return {"summary": [{by: key, **_summary_row(s, ks)} for key, s in slices.items()],
+            "behaviour": [{by: key, **_behaviour(s)} for key, s in slices.items()],
+            "categories": _category_rows(slices, by), "tools": _tool_rows(slices, by),
+            "exclusions": _exclusion_rows(slices, by)}
