@@ -3,6 +3,7 @@ optionally pinned to a watermark. Functions over a connection; ``Store`` calls t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import defaultdict
@@ -28,16 +29,26 @@ _exclusions = schema.Exclusion.__table__
 log = logging.getLogger(__name__)
 
 
+# the rollouts table's columns in RolloutInfo's field order: a row becomes a RolloutInfo positionally (a third of
+# the time of a row mapping turned into keyword arguments, for the reads of whole stores)
+_ROLLOUT_COLUMNS = [_rollouts.c[f.name] for f in dataclasses.fields(RolloutInfo)]
+
+
+def _select_rollouts() -> sa.Select:
+    return sa.select(*_ROLLOUT_COLUMNS)
+
+
 def _rollout_info(row, as_of: int | None) -> RolloutInfo:
-    m = dict(row._mapping)
-    if as_of is not None and m["finished_seq"] is not None and m["finished_seq"] > as_of:
+    info = RolloutInfo(*row)
+    if as_of is not None and info.finished_seq is not None and info.finished_seq > as_of:
         # as of the watermark this rollout had not finished yet
-        m.update(status="running", outcome=None, outcome_detail=None, ended_at=None, finished_seq=None)
-    return RolloutInfo(**m)
+        info = dataclasses.replace(info, status="running", outcome=None, outcome_detail=None, ended_at=None,
+                                   finished_seq=None)
+    return info
 
 
 def rollout(conn: sa.Connection, rollout_id: str, as_of: int | None = None) -> RolloutInfo:
-    q = sa.select(_rollouts).where(_rollouts.c.id == rollout_id)
+    q = _select_rollouts().where(_rollouts.c.id == rollout_id)
     if as_of is not None:
         q = q.where(_rollouts.c.ingest_seq <= as_of)
     row = conn.execute(q).first()
@@ -53,7 +64,7 @@ def iter_rollouts(
     flt = flt or RolloutFilter()
     last = -1
     while True:
-        q = sa.select(_rollouts).where(_rollouts.c.ingest_seq > last).order_by(_rollouts.c.ingest_seq).limit(chunk)
+        q = _select_rollouts().where(_rollouts.c.ingest_seq > last).order_by(_rollouts.c.ingest_seq).limit(chunk)
         if as_of is not None:
             q = q.where(_rollouts.c.ingest_seq <= as_of)
         for col in ("run_id", "group_id", "task_id", "policy_version_id"):
@@ -79,10 +90,10 @@ def rollouts_by_id(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int |
     ids = list(dict.fromkeys(rollout_ids))
     out: dict[str, RolloutInfo] = {}
     for i in range(0, len(ids), chunk):
-        q = sa.select(_rollouts).where(_rollouts.c.id.in_(ids[i:i + chunk]))
+        q = _select_rollouts().where(ids_in(_rollouts.c.id, ids[i:i + chunk], conn.dialect.name == "postgresql"))
         if as_of is not None:
             q = q.where(_rollouts.c.ingest_seq <= as_of)
-        out.update((row.id, _rollout_info(row, as_of)) for row in conn.execute(q))
+        out.update((row[0], _rollout_info(row, as_of)) for row in conn.execute(q))
     return out
 
 
@@ -312,7 +323,8 @@ def latest_rewards(conn: sa.Connection, rollout_ids: Sequence[str], sources: Col
     out: dict[str, RewardInfo] = {}
     for i in range(0, len(ids), chunk):
         lr = latest_rewards_query(sources=sources, as_of=as_of, rollout_ids=ids[i:i + chunk])
-        out.update((r["rollout_id"], RewardInfo(**r)) for r in conn.execute(sa.select(lr)).mappings())
+        rows = conn.execute(sa.select(*[lr.c[f.name] for f in dataclasses.fields(RewardInfo)]))
+        out.update((r[1], RewardInfo(*r)) for r in rows)  # columns in RewardInfo's order (rollout_id second)
     return out
 
 

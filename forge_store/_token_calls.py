@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from . import _reads as reads
 from . import _schema as schema
+from ._driver_rows import driver_rows
 from ._tokens import bytes_to_ids, unpack_ids_raw, unpack_logprobs
 
 _messages = schema.Message.__table__
@@ -110,10 +111,11 @@ def token_calls(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | No
     for i in range(0, len(ids), chunk):
         part = ids[i:i + chunk]
         params = {"ids": part if pg else json.dumps(part), "wm": as_of}
-        rows = {r[0]: r for r in conn.execute(_query(pg, as_of, _CALLS_SQL), params)}  # tuples: see _COLUMNS
+        found_rows = driver_rows(conn, _query(pg, as_of, _CALLS_SQL), params)  # tuples: see _COLUMNS
+        rows = {r[0]: r for r in (found_rows if pg else _by_id(found_rows))}
         bad: dict[str, str] = {}
         full_ids = _forward(rows, bad)
-        missing = set(conn.execute(_query(pg, as_of, _MISSING_SQL), params).scalars())
+        missing = {r[0] for r in driver_rows(conn, _query(pg, as_of, _MISSING_SQL), params)}
         prompts: dict[str, list[str]] = {}
         if full_ids is None or missing:  # a base after its call, or a message body gone: the general resolver
             bad = {}
@@ -145,20 +147,31 @@ _CALLS_SQL = ("SELECT id, rollout_id, seq, tool_schema_hash, finish_reason, toke
               "policy_version_id, CAST(image_hashes AS TEXT) AS image_hashes, CAST(metadata AS TEXT) AS metadata, "
               "prompt_base_call_id, prompt_base_len, CAST(prompt_tail AS TEXT) AS prompt_tail, "
               "prompt_ids_base_call_id, prompt_ids_prefix_len, prompt_ids_tail, n_prompt_tokens, completion_ids, "
-              "completion_logprobs, ingest_seq FROM calls WHERE {ids} {wm} ORDER BY rollout_id, seq, id")
+              "completion_logprobs, ingest_seq FROM calls WHERE {ids} {wm} ORDER BY {order}")
 # The hashes named in the chunk's prompt tails whose body is not in the messages table (almost always none): the
 # database checks its index instead of Python checking every hash.
 _MISSING_SQL = ("SELECT DISTINCT j.value FROM calls, {each} WHERE {ids} {wm} AND NOT EXISTS "
                 "(SELECT 1 FROM messages WHERE messages.sha256 = j.value)")
 
 
-def _query(pg: bool, as_of: int | None, sql: str) -> sa.TextClause:
+def _query(pg: bool, as_of: int | None, sql: str) -> str:
     """``sql`` for this dialect, the chunk's rollout ids one parameter (an array on PostgreSQL, a JSON list on
     SQLite): JSON columns come back as text (decoded here by orjson, a third of the read's time before)."""
-    return sa.text(sql.format(
+    return sql.format(
         ids="calls.rollout_id = ANY(:ids)" if pg else "calls.rollout_id IN (SELECT value FROM json_each(:ids))",
         wm="" if as_of is None else "AND calls.ingest_seq <= :wm",
-        each="jsonb_array_elements_text(calls.prompt_tail) AS j(value)" if pg else "json_each(calls.prompt_tail) AS j"))
+        each="jsonb_array_elements_text(calls.prompt_tail) AS j(value)" if pg else "json_each(calls.prompt_tail) AS j",
+        # SQLite reads (rollout_id, seq) in its index's order, but "id" on top made it sort every row, token
+        # arrays and all, in a temporary B-tree (half the query's time): equal seqs are put in id order by _by_id
+        order="rollout_id, seq, id" if pg else "rollout_id, seq")
+
+
+def _by_id(rows: list[tuple]) -> list[tuple]:
+    """Rows in (rollout, seq) order in (rollout, seq, id) order (SQLite's: it compares text as UTF-8 bytes, which
+    orders as Python compares str). Equal seqs within a rollout are rare: the rows are sorted only when there are."""
+    if len({(r[1], r[2]) for r in rows}) == len(rows):
+        return rows
+    return sorted(rows, key=lambda r: (r[1], r[2], r[0]))
 
 
 def _forward(rows: dict, bad: dict[str, str]) -> dict[str, bytes | None] | None:
@@ -167,28 +180,37 @@ def _forward(rows: dict, bad: dict[str, str]) -> dict[str, bytes | None] | None:
     a delta's base comes after its call (then the general resolver takes the chunk)."""
     full: dict[str, bytes | None] = {}
     for cid, r in rows.items():
-        why = None
-        prompt_base, ids_base, prefix, tail, completion = r[11], r[14], r[15], r[16], r[18]
-        for base, what in ((prompt_base, "prompt"), (ids_base, "prompt token ids")):
-            if not base:
-                continue
-            if base in bad:
-                why = f"its {what} is stored as a delta on call {base}, which cannot be read"
-            elif base not in full:
-                if base in rows:
-                    return None
-                why = f"its {what} is stored as a delta on call {base}, which is not in the store"
-            if why:
-                break
-        if why:
+        prompt_base, ids_base = r[11], r[14]
+        if (prompt_base and prompt_base not in full) or (ids_base and ids_base not in full):
+            why = _unresolved(rows, full, bad, prompt_base, ids_base)
+            if why is None:
+                return None
             bad[cid] = why
             continue
+        tail = r[16]
         if tail is None:
             full[cid] = None
             continue
-        head = (full[ids_base] or b"")[: prefix * 4] if ids_base else b""
-        full[cid] = head + unpack_ids_raw(tail) + (unpack_ids_raw(completion) if completion else b"")
+        completion = r[18]
+        head = (full[ids_base] or b"")[: r[15] * 4] if ids_base else b""
+        full[cid] = (head + (tail[1:] if tail[:1] == b"I" else unpack_ids_raw(tail))
+                     + (unpack_ids_raw(completion) if completion else b""))
     return full
+
+
+def _unresolved(rows: dict, full: dict, bad: dict[str, str], prompt_base: str | None, ids_base: str | None):
+    """Why a call whose bases are ``prompt_base`` and ``ids_base`` cannot be read (one of them is not resolved), or
+    None when a base is in the chunk but not yet resolved (it comes after the call)."""
+    for base, what in ((prompt_base, "prompt"), (ids_base, "prompt token ids")):
+        if not base:
+            continue
+        if base in bad:
+            return f"its {what} is stored as a delta on call {base}, which cannot be read"
+        if base not in full:
+            if base in rows:
+                return None
+            return f"its {what} is stored as a delta on call {base}, which is not in the store"
+    raise AssertionError("_unresolved called for a call whose bases are resolved")
 
 
 class _Absent:
