@@ -3,11 +3,15 @@ veRL shards.
 
 Builds the store fast (store ops batched into few transactions) in a child process, then times ``learner.export``
 in this one, so ``peak_rss_mb`` is the export's own peak (this process's imports included, the build's memory not).
-Prints a JSON object as the last line: samples_per_s (and per CPU second of this process), peak_rss_mb,
-merge_rate (and sizes). Never asserts times.
+Prints a JSON object as the last line: samples_per_s (and per CPU second of this process and its export workers),
+peak_rss_mb (this process's peak, as before workers existed), peak_rss_tree_mb (the largest sum of this process's
+and its workers' resident memory, sampled every 20 ms: pages a worker shares with its parent after the fork count
+twice), merge_rate (and sizes). ``--workers N`` sets the export's workers (default: the export's own choice, one
+per core for a store this size; 1 plans in this process alone). Never asserts times.
 ``--reference`` times the reference path instead (``export(..., batched=False)``: every call read in full and
 reconstructed from Python lists, as exports were read before the batched path).
 Usage: python bench/export.py [--rollouts 10000] [--turns 10] [--group 8] [--postgres [ADMIN_URL]] [--reference]
+       [--workers N]
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import resource
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -94,6 +100,44 @@ def _database(admin: str, drop: str | None = None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (export workers, once joined; the build's too)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class _TreeRss:
+    """The largest sum of resident memory of this process and its children, sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.peak, self.done = 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _rss_mb(pid: int) -> float:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+        except (OSError, StopIteration):
+            return 0.0
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self.done.wait(0.02):
+            try:
+                with open(f"/proc/{me}/task/{me}/children") as f:
+                    kids = [int(p) for p in f.read().split()]
+            except OSError:
+                kids = []
+            self.peak = max(self.peak, self._rss_mb(me) + sum(self._rss_mb(k) for k in kids))
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rollouts", type=int, default=10_000)
@@ -102,24 +146,34 @@ def main() -> None:
     ap.add_argument("--postgres", nargs="?", const="postgresql://postgres@127.0.0.1:5432/postgres", default=None,
                     metavar="ADMIN_URL", help="Build the store in a new PostgreSQL database (dropped afterwards).")
     ap.add_argument("--reference", action="store_true", help="Time the reference path (batched=False).")
+    ap.add_argument("--workers", type=int, default=None, help="Export workers (default: the export's choice).")
+    ap.add_argument("--keep", type=Path, default=None, metavar="SQLITE_FILE",
+                    help="Build the SQLite store into this file once and export from it on later runs (the same "
+                         "--rollouts/--turns/--group; build_s is 0 then).")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(home=Path(tmp) / "home", auto_upgrade=True)  # a migration may land mid-build
-        url = _database(args.postgres) if args.postgres else f"sqlite:///{tmp}/bench.sqlite"
+        url = _database(args.postgres) if args.postgres else f"sqlite:///{args.keep or Path(tmp) / 'bench.sqlite'}"
         try:
             t0 = time.perf_counter()
-            ctx = multiprocessing.get_context("fork")
-            result = ctx.Queue()
-            child = ctx.Process(target=_build_child, args=(url, settings, args, result))
-            child.start()
-            n_calls = result.get()
-            child.join()
+            if args.keep and args.keep.exists():
+                n_calls = args.rollouts // args.group * args.group * args.turns
+            else:
+                ctx = multiprocessing.get_context("fork")
+                result = ctx.Queue()
+                child = ctx.Process(target=_build_child, args=(url, settings, args, result))
+                child.start()
+                n_calls = result.get()
+                child.join()
             build_s = time.perf_counter() - t0
             rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             st = open_store(url, settings=settings)
-            t0, c0 = time.perf_counter(), time.process_time()
-            m = export(st, Path(tmp) / "out", ExportConfig(format="verl"), batched=not args.reference)
-            export_s, export_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            sampler = _TreeRss()
+            t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
+            m = export(st, Path(tmp) / "out", ExportConfig(format="verl"), batched=not args.reference,
+                       workers=args.workers)
+            export_s, export_cpu_s = time.perf_counter() - t0, time.process_time() - c0 + _children_cpu() - k0
+            tree_mb = sampler.stop()
             st.close()
         finally:
             if args.postgres:
@@ -131,8 +185,10 @@ def main() -> None:
                       "samples_per_s": round(samples / export_s, 1), "calls_per_s": round(n_calls / export_s, 1),
                       # this process's CPU seconds (the database's own work on PostgreSQL not counted): on a loaded
                       # machine wall time measures the neighbours, this measures the export
+                      "workers": args.workers if args.workers is not None else "auto",
                       "export_cpu_s": round(export_cpu_s, 2), "samples_per_cpu_s": round(samples / export_cpu_s, 1),
                       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                      "peak_rss_tree_mb": round(tree_mb, 1),
                       "rss_before_export_mb": round(rss_before, 1), "merge_rate": m["merge_rate"]}))
 
 

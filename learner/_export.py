@@ -16,8 +16,9 @@ import json
 import sys
 import tempfile
 import uuid
-from array import array
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -26,9 +27,11 @@ import pyarrow.parquet as pq
 
 from forge_store import Store, canonical_json
 
+from . import _columns as columns
+from ._export_workers import default_workers, plan_in_workers
 from ._formats import get_exporter
 from ._plan import Exclusion, ExportConfig, ExportError, Planner
-from ._reconstruct import Packed
+from ._run_facts import latest, note_lineage
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -36,86 +39,84 @@ OPENLINEAGE = "openlineage.json"
 
 
 class ShardWriter:
-    """Rows of one schema into ``{prefix}-00000.parquet``, ... with bounded memory (one row group buffered)."""
+    """Rows of one schema into ``{prefix}-00000.parquet``, ... with bounded memory (one row group buffered, and at
+    most two more on their way to disk). With ``io`` (a one-thread executor shared by an export's writers) the
+    Parquet encoding and compression run on that thread, in order, while the export plans the next rows: pyarrow
+    releases the GIL while it writes."""
 
-    def __init__(self, out: Path, prefix: str, schema: pa.Schema, fmt: str, cfg: ExportConfig):
-        self.out, self.prefix, self.cfg = out, prefix, cfg
+    PENDING = 2
+
+    def __init__(self, out: Path, prefix: str, schema: pa.Schema, fmt: str, cfg: ExportConfig,
+                 io: ThreadPoolExecutor | None = None):
+        self.out, self.prefix, self.cfg, self.io = out, prefix, cfg, io
         self.schema = schema.with_metadata({"openforge.format": fmt, "openforge.format_version": str(FORMAT_VERSION)})
         self.storage = pa.schema([f.with_type(_storage_type(f.type)) for f in self.schema])
         self.buf: list[dict] = []
         self.files: list[tuple[str, int]] = []
         self.writer: pq.ParquetWriter | None = None
         self.in_shard = 0
+        self.pending: deque[Future] = deque()
+        self.tables: list[pa.Table] = []  # rows added as tables (add_table), not yet written
+        self.n_tabled = 0
 
     def add(self, rows: list[dict]) -> None:
-        for row in rows:
-            self.buf.append(row)
-            if len(self.buf) >= self.cfg.row_group_rows:
-                self._flush()
+        self.buf += rows
+        while len(self.buf) >= self.cfg.row_group_rows:  # every full row group, as it fills
+            self._write(self.buf[:self.cfg.row_group_rows])
+            del self.buf[:self.cfg.row_group_rows]
 
-    def _flush(self) -> None:
-        while self.buf:
+    def add_table(self, table: pa.Table) -> None:
+        """Rows already built as a table of the storage schema (an export worker's), written in the same row
+        groups as :meth:`add` writes them (the same rows in the same groups: the same bytes)."""
+        self.tables.append(table)
+        self.n_tabled += table.num_rows
+        while self.n_tabled >= self.cfg.row_group_rows:
+            whole = pa.concat_tables(self.tables)
+            self._write(whole.slice(0, self.cfg.row_group_rows))
+            rest = whole.slice(self.cfg.row_group_rows)
+            self.tables, self.n_tabled = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def _run(self, fn: Callable, *args) -> None:
+        """``fn(*args)`` on the io thread (now, without one); an error of an earlier write is raised here."""
+        if self.io is None:
+            fn(*args)
+            return
+        self.pending.append(self.io.submit(fn, *args))
+        while self.pending and (len(self.pending) > self.PENDING or self.pending[0].done()):
+            self.pending.popleft().result()
+
+    def _write(self, rows: list[dict] | pa.Table) -> None:
+        """``rows`` (dicts, or a table of the storage schema) into the current shard, the rest into the next when
+        it fills."""
+        while len(rows):
             if self.writer is None:
                 name = f"{self.prefix}-{len(self.files):05d}.parquet"
                 self.writer = pq.ParquetWriter(self.out / name, self.schema, compression="zstd", compression_level=3,
                                                version="2.6", use_dictionary=False, write_statistics=True)
                 self.files.append((name, 0))
                 self.in_shard = 0
-            take = min(len(self.buf), self.cfg.rows_per_shard - self.in_shard)
-            table = _table(self.buf[:take], self.storage)
-            self.writer.write_table(table.cast(self.schema) if self.storage != self.schema else table)
-            self.buf = self.buf[take:]
+            take = min(len(rows), self.cfg.rows_per_shard - self.in_shard)
+            table = rows.slice(0, take).combine_chunks() if isinstance(rows, pa.Table) else columns.shard_table(rows[:take],
+                                                                                                  self.storage)
+            self._run(self.writer.write_table, table.cast(self.schema) if self.storage != self.schema else table)
+            rows = rows.slice(take) if isinstance(rows, pa.Table) else rows[take:]
             self.in_shard += take
             self.files[-1] = (self.files[-1][0], self.in_shard)
             if self.in_shard >= self.cfg.rows_per_shard:
-                self.writer.close()
+                self._run(self.writer.close)
                 self.writer = None
 
     def close(self) -> list[tuple[str, int]]:
-        self._flush()
+        self._write(self.buf)
+        if self.tables:
+            self._write(pa.concat_tables(self.tables))
+        self.buf, self.tables, self.n_tabled = [], [], 0
         if self.writer is not None:
-            self.writer.close()
+            self._run(self.writer.close)
+            self.writer = None
+        while self.pending:
+            self.pending.popleft().result()
         return self.files
-
-
-_PACKED_TYPES = {"I": (pa.int32(), pa.uint32()), "b": (pa.int8(),), "f": (pa.float32(),)}
-
-
-def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    """``rows`` as a table of ``schema``. Columns whose values are :class:`Packed` arrays are built from their
-    bytes in one go (offsets + one values buffer); the rest as ``Table.from_pylist`` builds them (all of them when
-    no row holds a ``Packed``, the path the batched one is tested against): the same table either way."""
-    packed = [f for f in schema if pa.types.is_list(f.type) and any(isinstance(r.get(f.name), Packed) for r in rows)]
-    if not packed:
-        return pa.Table.from_pylist(rows, schema=schema)
-    return pa.Table.from_arrays([_packed_list([r.get(f.name) for r in rows], f) if f in packed
-                                 else pa.array([r.get(f.name) for r in rows], type=f.type) for f in schema],
-                                schema=schema)
-
-
-def _packed_list(values: list, field: pa.Field) -> pa.Array:
-    """A list column from :class:`Packed` values (None: a null list)."""
-    vt = field.type.value_type
-    codes = {v.code for v in values if v is not None}
-    if len(codes) != 1 or vt not in _PACKED_TYPES[next(iter(codes))]:
-        return pa.array([None if v is None else v.tolist() for v in values], type=field.type)  # mixed: the slow way
-    raw = b"".join(v.raw for v in values if v is not None)
-    if vt == pa.int32() and raw and max(memoryview(raw)[3::4]) >= 0x80:
-        raise ExportError(f"column {field.name}: a token id is 2**31 or more, which the format's int32 column "
-                          "cannot hold; this tokenizer's ids need an int64 schema")
-    if sys.byteorder == "big" and vt.bit_width > 8:
-        arr = array({32: "I"}[vt.bit_width], raw)
-        arr.byteswap()
-        raw = arr.tobytes()
-    n_items = len(raw) * 8 // vt.bit_width
-    items = pa.Array.from_buffers(vt, n_items, [None, pa.py_buffer(raw)])
-    offsets, nulls, at = array("i", [0]), [], 0
-    for v in values:
-        nulls.append(v is None)
-        at += 0 if v is None else len(v)
-        offsets.append(at)
-    mask = pa.array(nulls, type=pa.bool_()) if any(nulls) else None
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), items, type=field.type, mask=mask)
 
 
 def _storage_type(t: pa.DataType) -> pa.DataType:
@@ -153,11 +154,14 @@ def export_id_for(store_id: str, watermark: int, cfg: ExportConfig) -> str:
 
 
 def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | None = None, record: bool = True,
-           progress: Callable[[int, int], None] | None = None, batched: bool = True) -> dict:
+           progress: Callable[[int, int], None] | None = None, batched: bool = True,
+           workers: int | None = None) -> dict:
     """Write an export of ``cfg.format`` into ``out`` (created; must be empty) and return its manifest.
 
     ``batched=False`` reads every call in full and reconstructs it from Python lists (the reference path; SFT
-    always reads that way): the same bytes, slower; tests pin the batched path to it."""
+    always reads that way): the same bytes, slower; tests pin the batched path to it. ``workers`` processes plan
+    the runs of groups (:mod:`learner._export_workers`; None: one per core for a large store, 1: this process
+    alone): the same bytes again."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"--out {out}: the folder is not empty; an export owns its folder. Pick a new folder "
@@ -177,35 +181,16 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
                                 export_id=export_id, id=eid)
 
     planner = Planner(store, cfg, wm, on_exclusion, batched=batched)
-    writers = {p: ShardWriter(out, p, s, cfg.format, cfg) for p, s in exporter.schemas.items()}
     lineage: dict[str, set] = {k: set() for k in ("harnesses", "image_digests", "policy_versions",
                                                   "tool_schema_hashes", "verifier_versions", "reward_sources")}
-    rows = {p: 0 for p in writers}
-    done, data_time, exported_rollouts = 0, None, 0
-    for plan in planner:
-        for prefix, batch in exporter.rows(plan, planner).items():
-            writers[prefix].add(batch)
-            rows[prefix] += len(batch)
-            for row in batch:
-                for key, col in (("image_digests", "image_digest"), ("policy_versions", "policy_version_id"),
-                                 ("verifier_versions", "verifier_version"), ("reward_sources", "reward_source")):
-                    if row.get(col) is not None:
-                        lineage[key].add(row[col])
-                lineage["tool_schema_hashes"].update(row.get("tool_schema_hashes") or ())
-                if row.get("harness_id"):
-                    h = planner.harnesses.get(row["harness_id"], {})
-                    lineage["harnesses"].add(f"{h.get('name', row['harness_id'])}@{h.get('version')}")
-        for rp in plan.rollouts:
-            exported_rollouts += 1
-            if rp.info.ended_at is not None and (data_time is None or rp.info.ended_at > data_time):
-                data_time = rp.info.ended_at
-        done += len(plan.rollouts)
-        if progress:
-            progress(done, planner.total)
-    files = []
-    for w in writers.values():
-        for name, n in w.close():
-            files.append({"path": name, "rows": n})
+    with ThreadPoolExecutor(1, thread_name_prefix="openforge-export-write") as io:
+        writers = {p: ShardWriter(out, p, s, cfg.format, cfg, io) for p, s in exporter.schemas.items()}
+        n = default_workers(planner) if workers is None else max(1, workers)
+        if n > 1 and planner.n_runs() > 1:
+            rows, data_time, exported_rollouts = plan_in_workers(planner, exporter, writers, lineage, n, progress)
+        else:
+            rows, data_time, exported_rollouts = _write_rows(planner, exporter, writers, lineage, progress)
+        files = [{"path": name, "rows": n} for w in writers.values() for name, n in w.close()]
     t = planner.tally
     event = _openlineage(export_id, store.store_id, wm, cfg, data_time, [f["path"] for f in files])
     (out / OPENLINEAGE).write_bytes(canonical_json(event) + b"\n")
@@ -228,6 +213,25 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
         store.record_export(export_id, format=cfg.format, watermark=wm, query=cfg.where, out_dir=str(out),
                             manifest=manifest, counts=manifest["counts"])
     return manifest
+
+
+def _write_rows(planner: Planner, exporter, writers: dict[str, ShardWriter], lineage: dict[str, set],
+                progress: Callable[[int, int], None] | None) -> tuple[dict[str, int], object, int]:
+    """Every planned group's rows into ``writers``, their lineage into ``lineage``: (rows per file prefix, the
+    latest ``ended_at`` of the exported rollouts, how many rollouts were exported)."""
+    rows = {p: 0 for p in writers}
+    done, data_time, exported_rollouts = 0, None, 0
+    for plan in planner:
+        for prefix, batch in exporter.rows(plan, planner).items():
+            writers[prefix].add(batch)
+            rows[prefix] += len(batch)
+            note_lineage(batch, planner, lineage)
+        data_time = latest(data_time, plan)
+        exported_rollouts += len(plan.rollouts)
+        done += len(plan.rollouts)
+        if progress:
+            progress(done, planner.total)
+    return rows, data_time, exported_rollouts
 
 
 def _openlineage(export_id: str, store_id: str, wm: int, cfg: ExportConfig, data_time, files: list[str]) -> dict:

@@ -137,6 +137,10 @@ class VerlExporter:
         ]),
     }
 
+    # rl_prompts' extra_info.index counts the export's prompt rows: export workers number each run's from 0 and
+    # the exporting process moves them on (learner._export_workers.renumber)
+    running_index = {"rl_prompts": ("extra_info", "index")}
+
     def __init__(self) -> None:
         self.n_prompts = 0
 

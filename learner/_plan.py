@@ -49,6 +49,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from forge_store import RewardInfo, RolloutInfo, Store, StoredCall, TokenCall
@@ -99,16 +100,21 @@ class Tally:
     exclusions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+RUN_ROLLOUTS = 256  # rollouts read and planned together (a run of whole groups): one query each per run
 Screen = tuple[dict[str, tuple[str, dict]], list[RolloutInfo], dict[str, dict]]
+# a run of groups as read: (groups, rewards, screens, calls, damage)
+_Run = tuple[dict[str, list[RolloutInfo]], dict[str, RewardInfo], dict[str, Screen], dict[str, list[AnyCall]],
+             dict[str, list[dict]]]
 
 
 class Planner:
     """Walks the store as of one watermark and yields groups ready to write, in (group, rollout) order."""
 
     def __init__(self, store: Store, cfg: ExportConfig, watermark: int,
-                 on_exclusion: Callable[[Exclusion], None] | None = None, *, batch_rollouts: int = 256,
+                 on_exclusion: Callable[[Exclusion], None] | None = None, *, batch_rollouts: int | None = None,
                  batched: bool = True):
-        self.store, self.cfg, self.wm, self.batch_rollouts = store, cfg, watermark, batch_rollouts
+        self.store, self.cfg, self.wm = store, cfg, watermark
+        self.batch_rollouts = batch_rollouts or RUN_ROLLOUTS
         self.on_exclusion = on_exclusion or (lambda e: None)
         self.tally = Tally()
         self.pred = parse_where(cfg.where) if cfg.where else None
@@ -228,21 +234,44 @@ class Planner:
         return None
 
     def __iter__(self) -> Iterator[GroupPlan]:
-        for chunk in self._chunks():
-            groups = self._read_groups(chunk)
-            infos = [info for members in groups.values() for info in members]
-            rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
-            screens = {key: self._screen(members, rewards) for key, members in groups.items()}
-            stats_only = self.partial and self.cfg.max_policy_lag is not None  # filtered ones need calls: staleness
-            wanted = [i.id for _, candidates, filtered in screens.values() for i in candidates
-                      if i.id not in filtered or stats_only]
-            damage: dict[str, list[dict]] = {}
-            read = self.store.token_calls if self.token_reads else self.store.calls_by_rollout
-            calls = read(wanted, as_of=self.wm, damage=damage)
-            for key, members in groups.items():
-                plan = self._group(key, members, rewards, screens[key], calls, damage)
-                if plan is not None:
-                    yield plan
+        for _, plans in self.runs():
+            yield from plans
+
+    def runs(self, part: int = 0, parts: int = 1) -> Iterator[tuple[int, list[GroupPlan]]]:
+        """(index, its planned groups) of the runs of groups whose index is ``part`` modulo ``parts`` (every run by
+        default), in order. The next run is read while this one is planned (a reader thread: the database driver
+        releases the GIL while the database works, so reads overlap with reconstruction)."""
+        mine = ((i, c) for i, c in enumerate(self._chunks()) if i % parts == part)
+        with ThreadPoolExecutor(1, thread_name_prefix="openforge-export-read") as reader:
+            item = next(mine, None)
+            ahead = reader.submit(self._read, item[1] if item else None)
+            while item is not None:
+                groups, rewards, screens, calls, damage = ahead.result()
+                following = next(mine, None)
+                ahead = reader.submit(self._read, following[1] if following else None)
+                plans = [self._group(key, members, rewards, screens[key], calls, damage)
+                         for key, members in groups.items()]
+                yield item[0], [p for p in plans if p is not None]
+                item = following
+
+    def n_runs(self) -> int:
+        return sum(1 for _ in self._chunks())
+
+    def _read(self, chunk: list[str] | None) -> _Run | None:
+        """Everything the planning of a run of groups reads from the store (None for no run): no writes here, so
+        exclusions are still recorded in order by the planning thread."""
+        if chunk is None:
+            return None
+        groups = self._read_groups(chunk)
+        infos = [info for members in groups.values() for info in members]
+        rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
+        screens = {key: self._screen(members, rewards) for key, members in groups.items()}
+        stats_only = self.partial and self.cfg.max_policy_lag is not None  # filtered ones need calls: staleness
+        wanted = [i.id for _, candidates, filtered in screens.values() for i in candidates
+                  if i.id not in filtered or stats_only]
+        damage: dict[str, list[dict]] = {}
+        read = self.store.token_calls if self.token_reads else self.store.calls_by_rollout
+        return groups, rewards, screens, read(wanted, as_of=self.wm, damage=damage), damage
 
     def _read_groups(self, chunk: list[str]) -> dict[str, list[RolloutInfo]]:
         """Group key -> its finished rollouts (ordered by id), read for a run of groups at once."""

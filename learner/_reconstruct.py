@@ -51,9 +51,11 @@ class Segment:
     def _note(self, call: StoredCall) -> None:
         self.call_ids.append(call.id)
         self.num_turns += 1
-        for attr, value in (("tool_schema_hashes", call.tool_schema_hash), ("policy_version_ids", call.policy_version_id)):
-            if value and value not in getattr(self, attr):
-                getattr(self, attr).append(value)
+        schema, policy = call.tool_schema_hash, call.policy_version_id
+        if schema and schema not in self.tool_schema_hashes:
+            self.tool_schema_hashes.append(schema)
+        if policy and policy not in self.policy_version_ids:
+            self.policy_version_ids.append(policy)
         for h in call.image_hashes or ():
             if h not in self.image_hashes:
                 self.image_hashes.append(h)
@@ -237,18 +239,19 @@ def reconstruct_tokens(calls: Iterable[TokenCall], *, keep_truncated: bool = Fal
         if problem is not None:
             excluded.append(problem)
             continue
-        prompt, completion = call.full[: call.n_prompt * 4], call.completion
-        if current is not None and prompt.startswith(current_full):
+        full, end, completion = call.full, call.n_prompt * 4, call.completion
+        if current is not None and len(current_full) <= end and full.startswith(current_full):
             merged += 1
-            n = (len(prompt) - len(current_full)) // 4
-            current.ids.append(prompt[len(current_full):])
+            new = full[len(current_full):end]
+            n = len(new) // 4
+            current.ids.append(new)
             current.mask.append(bytes(n))
             if current.logprobs is not None:
                 current.logprobs.append(bytes(4 * n))  # float32 0.0
         else:
             if current is not None:
                 segments.append(current.done())
-            current = _Building(prompt)
+            current = _Building(full[:end])
         current.ids.append(completion)
         current.mask.append(b"\x01" * (len(completion) // 4))
         if current.logprobs is not None:
@@ -257,7 +260,8 @@ def reconstruct_tokens(calls: Iterable[TokenCall], *, keep_truncated: bool = Fal
             else:
                 current.logprobs.append(call.logprobs)
         current._note(call)
-        current_full = prompt + completion
+        # the prompt and the completion: ``full`` itself unless its stored prompt length disagrees with it
+        current_full = full if len(full) == end + len(completion) else full[:end] + completion
     if current is not None:
         segments.append(current.done())
     return Reconstruction(segments, excluded, len(ordered), merged)

@@ -66,17 +66,18 @@ class _RecordedAt:
 
 def export_to(store: Store, out: str | Path, cfg: ExportConfig, *, as_of: int | None = None, record: bool = True,
               progress: Callable[[int, int], None] | None = None,
-              uploaded: Callable[[str], None] | None = None) -> dict:
+              uploaded: Callable[[str], None] | None = None, workers: int | None = None) -> dict:
     """``export`` into a new folder or a new ``s3://`` prefix; ``uploaded(name)`` after each object put."""
     if not is_url(out):
-        return export(store, out, cfg, as_of=as_of, record=record, progress=progress)
+        return export(store, out, cfg, as_of=as_of, record=record, progress=progress, workers=workers)
     dest = open_location(str(out), store.settings)
     if dest.list():
         raise ExportError(f"--out {out}: objects already exist under this prefix; an export owns its prefix. Pick a "
                           "new one or remove these.")
     with tempfile.TemporaryDirectory(prefix="openforge-export-") as tmp:
         staged = Path(tmp) / "export"
-        manifest = export(_RecordedAt(store, dest.url), staged, cfg, as_of=as_of, record=record, progress=progress)
+        manifest = export(_RecordedAt(store, dest.url), staged, cfg, as_of=as_of, record=record, progress=progress,
+                          workers=workers)
         for name in [*(f["path"] for f in manifest["files"]), MANIFEST]:
             dest.put_file(name, staged / name)
             if uploaded:

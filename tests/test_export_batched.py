@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from forge_store import Settings, open_store
 from learner import ExportConfig, ExportError, export, reconstruct_rollout
+from learner import _plan as plan_module
 from learner._reconstruct import reconstruct_tokens
 from tests.conftest import make_call
 from tests.export_corpus import CONFIGS, build_corpus, damage_corpus
@@ -177,3 +178,52 @@ def test_a_token_id_past_int32_is_an_error_naming_the_column(store_url, settings
         st.add_reward("r1", 1.0)
         with pytest.raises(ExportError, match=r"prompt_ids: a token id is 2\*\*31 or more"):
             export(st, tmp_path / "x", ExportConfig(format="trl", min_group_size=1))
+
+
+def test_calls_of_equal_seq_come_in_id_order_as_calls_by_rollout_reads_them(store_url, settings):
+    """SQLite's read orders by (rollout, seq) and puts equal seqs in id order itself: the same order as the
+    database's ``ORDER BY rollout_id, seq, id`` of calls_by_rollout, whatever order the calls were written in."""
+    with open_store(store_url, settings=settings) as st:
+        st.register_task("t1")
+        for rid in ("r1", "r2"):
+            st.start_rollout(rid, task_id="t1")
+            for cid, seq in (("z", 0), ("m", 1), ("b", 1), ("k", 1), ("a", 2)):
+                st.record_call(make_call(f"{rid}-{cid}", rid, seq, prompt_ids=[1, 2, seq], completion_ids=[3]))
+        token = st.token_calls(["r1", "r2"])
+        full = st.calls_by_rollout(["r1", "r2"])
+    for rid in ("r1", "r2"):
+        assert [c.id for c in token[rid]] == [c.id for c in full[rid]] == [
+            f"{rid}-{c}" for c in ("z", "b", "k", "m", "a")]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_export_workers_write_the_bytes_one_process_writes(corpus, tmp_path, name, monkeypatch):
+    """Runs of 8 rollouts planned by 3 forked workers (every third run each, out of step with the row groups and
+    shards) give the same files, manifest and exclusions as one process."""
+    monkeypatch.setattr(plan_module, "RUN_ROLLOUTS", 8)
+    cfg = ExportConfig(**CONFIGS[name])
+    wm = corpus.watermark()
+    found: dict[str, list] = {"one": [], "workers": []}
+    for how, workers in (("one", 1), ("workers", 3)):
+        monkeypatch.setattr(corpus, "add_exclusion", lambda reason, _how=how, **kw: found[_how].append((reason, kw)))
+        export(corpus, tmp_path / how, cfg, as_of=wm, workers=workers)
+    one = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    many = json.loads((tmp_path / "workers" / "manifest.json").read_text())
+    assert _files(tmp_path / "workers") == _files(tmp_path / "one")
+    assert one == many and one["counts"]["groups"] > 3
+    assert found["workers"] == found["one"] and len(found["one"]) == sum(one["exclusions"].values())
+
+
+def test_an_export_worker_s_error_is_raised_in_the_exporting_process(store_url, settings, tmp_path, monkeypatch):
+    monkeypatch.setattr(plan_module, "RUN_ROLLOUTS", 1)
+    with open_store(store_url, settings=settings) as st:
+        st.register_task("t1")
+        for rid, ids in (("r1", [1, 2]), ("r2", [1, 2 ** 31 + 5])):
+            st.start_rollout(rid, task_id="t1")
+            st.record_call(make_call(f"{rid}-c0", rid, 0, prompt_ids=ids, completion_ids=[3]))
+            st.finish_rollout(rid, "success")
+            st.add_reward(rid, 1.0)
+        with pytest.raises(ExportError, match=r"prompt_ids: a token id is 2\*\*31 or more") as err:
+            export(st, tmp_path / "x", ExportConfig(format="trl", min_group_size=1), workers=2)
+        assert "export worker 1 failed on run 1" in str(err.value.__cause__)
+
