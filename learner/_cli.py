@@ -62,6 +62,9 @@ def export_command(
     reward_source: list[str] = typer.Option([], "--reward-source", help="Only rewards from this source count "
                                             "(verifier | judge | human | api; repeat for several; default: every "
                                             "source). A rollout's reward is its latest from these."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that plan the export (default: one "
+                                          "per core, at most 8, for a store of 2,000 finished rollouts or more; "
+                                          "1: this process alone). The shards are the same bytes either way."),
     store: Optional[str] = typer.Option(None, "--store", help="Store URL."),
 ) -> None:
     """Export training shards; ``export verify MANIFEST`` checks an export against the store."""
@@ -82,6 +85,9 @@ def export_command(
         if s not in REWARD_SOURCES:
             _fail(f"--reward-source {s!r}: a reward source is one of {', '.join(REWARD_SOURCES)}; repeat the option "
                   "for several")
+    if workers is not None and workers < 1:
+        _fail(f"--workers {workers}: an export needs at least one process; pass --workers 1 or more, or leave it "
+              "out for one per core")
     st = _open(store)
     try:
         cfg = ExportConfig(format=format, reward_sources=tuple(reward_source) or None, where=where, max_policy_lag=max_policy_lag, min_group_size=min_group_size,
@@ -90,7 +96,7 @@ def export_command(
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:
             task = bar.add_task(f"export {format}", total=None)
-            manifest = export_to(st, out, cfg, as_of=as_of,
+            manifest = export_to(st, out, cfg, as_of=as_of, workers=workers,
                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
     except (ExportError, QueryError, StoreError, ValueError) as exc:
         _fail(exc)

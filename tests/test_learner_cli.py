@@ -27,3 +27,17 @@ def test_export_and_verify_cli(tmp_path, settings):
     assert r.exit_code == 2 and "Example: outcome = 'success'" in r.output
     r = CliRunner().invoke(app, ["export", "--store", url, "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "not empty" in r.output
+
+
+def test_export_workers_cli(tmp_path, settings):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    with open_store(url, settings=settings) as st:
+        _seed(st)
+    r = CliRunner().invoke(app, ["export", "--workers", "0", "--store", url, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--workers 0: an export needs at least one process" in r.output
+    assert not (tmp_path / "x").exists()
+    for n in ("1", "2"):
+        r = CliRunner().invoke(app, ["export", "--format", "trl", "--workers", n, "--store", url,
+                                     "--out", str(tmp_path / n)])
+        assert r.exit_code == 0, r.output
+    assert (tmp_path / "1" / "manifest.json").read_bytes() == (tmp_path / "2" / "manifest.json").read_bytes()
