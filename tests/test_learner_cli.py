@@ -36,8 +36,10 @@ def test_export_workers_cli(tmp_path, settings):
     r = CliRunner().invoke(app, ["export", "--workers", "0", "--store", url, "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--workers 0: an export needs at least one process" in r.output
     assert not (tmp_path / "x").exists()
-    for n in ("1", "2"):
-        r = CliRunner().invoke(app, ["export", "--format", "trl", "--workers", n, "--store", url,
+    with open_store(url, settings=settings) as st:
+        wm = str(st.watermark())
+    for n in ("1", "2"):  # the same export (the same watermark) with one process and with workers
+        r = CliRunner().invoke(app, ["export", "--format", "trl", "--workers", n, "--as-of", wm, "--store", url,
                                      "--out", str(tmp_path / n)])
         assert r.exit_code == 0, r.output
     assert (tmp_path / "1" / "manifest.json").read_bytes() == (tmp_path / "2" / "manifest.json").read_bytes()
