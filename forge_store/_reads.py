@@ -83,6 +83,25 @@ def iter_rollouts(
         last = rows[-1].ingest_seq
 
 
+def rollout_index(conn: sa.Connection, as_of: int | None = None, chunk: int = 20_000) -> Iterator[tuple]:
+    """(id, group_id, finished as of the watermark) of every rollout in ingest order, streamed in chunks: what a
+    reader of a whole store keeps of each rollout (an export's plan), without building records it does not need."""
+    last = -1
+    while True:
+        q = sa.select(_rollouts.c.id, _rollouts.c.group_id, _rollouts.c.status, _rollouts.c.finished_seq,
+                      _rollouts.c.ingest_seq).where(_rollouts.c.ingest_seq > last)
+        if as_of is not None:
+            q = q.where(_rollouts.c.ingest_seq <= as_of)
+        rows = conn.execute(q.order_by(_rollouts.c.ingest_seq).limit(chunk)).all()
+        if not rows:
+            return
+        for rid, group, status, finished_seq, _ in rows:
+            # as _rollout_info reads it: a rollout that finished after the watermark had not finished then
+            yield rid, group, status == "finished" and not (as_of is not None and finished_seq is not None
+                                                            and finished_seq > as_of)
+        last = rows[-1][4]
+
+
 def rollouts_by_id(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | None = None,
                    chunk: int = 500) -> dict[str, RolloutInfo]:
     """Rollout id -> its row as :func:`rollout` reads it, one query per ``chunk`` ids; ids not in the store (as of

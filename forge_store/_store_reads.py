@@ -46,6 +46,12 @@ class StoreReads:
         with self.engine.connect() as conn:
             yield from reads.iter_rollouts(conn, flt, as_of)
 
+    def rollout_index(self, *, as_of: int | None = None) -> Iterator[tuple[str, str | None, bool]]:
+        """(id, group_id, finished) of every rollout as of the watermark, in ingest order: ``iter_rollouts`` less
+        everything but those three, for readers that walk a whole store and read records run by run."""
+        with self.engine.connect() as conn:
+            yield from reads.rollout_index(conn, as_of)
+
     def calls(self, rollout_id: str, *, as_of: int | None = None, damage: dict | None = None) -> list[StoredCall]:
         """A rollout's calls in order, prompts and token ids resolved. A call the store cannot give back (the
         database refused it; or its stored delta lost its base) is left out, the rest are returned: ``damage``

@@ -134,12 +134,12 @@ class Planner:
         self.tasks = {t["id"]: t for t in store.lineage("tasks", as_of=watermark)}
         self.harnesses = {h["id"]: h for h in store.lineage("harnesses", as_of=watermark)}
         self.buckets: dict[str, list[str]] = defaultdict(list)  # group key -> its finished rollouts' ids
-        for r in store.iter_rollouts(as_of=watermark):
+        for rid, group_id, finished in store.rollout_index(as_of=watermark):
             self.tally.rollouts_seen += 1
-            if r.status != "finished":
+            if not finished:
                 self.tally.unfinished += 1
                 continue
-            self.buckets[r.group_id or f"~{r.id}"].append(r.id)
+            self.buckets[group_id or f"~{rid}"].append(rid)
         self.total = sum(len(v) for v in self.buckets.values())
         if self.pred is not None and self.token_level and not cfg.allow_partial_groups:
             self._refuse_split_groups()

@@ -440,3 +440,18 @@ def test_nan_and_infinity_in_json_fields_are_stored_and_snapshotted(store, tmp_p
     assert rows["c1"]["metadata"] == '{"bound":-Infinity,"score":NaN}'
     assert json.loads(pq.read_table(tmp_path / "snap" / "rollouts.parquet").to_pylist()[0]["metadata"]) == {
         "wall_s": float("inf")}
+
+
+def test_rollout_index_is_iter_rollouts_in_three_columns(store):
+    store.start_rollout("r1", task_id="t1", group_id="g1")
+    store.start_rollout("r2", task_id="t1")
+    store.finish_rollout("r1", "success")
+    store.flush()
+    wm = store.watermark()
+    store.start_rollout("r3", task_id="t1", group_id="g1")
+    store.finish_rollout("r2", "failure")  # after the watermark: not finished as of it
+    store.flush()
+    for as_of in (None, wm):
+        assert list(store.rollout_index(as_of=as_of)) == [
+            (r.id, r.group_id, r.status == "finished") for r in store.iter_rollouts(as_of=as_of)]
+    assert list(store.rollout_index(as_of=wm)) == [("r1", "g1", True), ("r2", None, False)]
