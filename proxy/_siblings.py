@@ -142,7 +142,12 @@ class Siblings:
         """One proxy-wide change at a time, across the workers (an flock on ``admin.lock``)."""
         fd = os.open(self.run_dir / "admin.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            while True:  # asked again rather than waited for in a thread: no thread held, cancellable
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.02)
             yield
         finally:
             os.close(fd)  # closing releases the lock

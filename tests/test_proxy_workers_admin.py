@@ -21,9 +21,11 @@ import sqlalchemy as sa
 
 from forge_store import Settings
 from proxy import HttpServer, build_proxy
+from openforge.policy_switch import switch_policy
 from proxy._siblings import FORWARDED, bind_private
 from proxy.testing import ScriptedUpstream, UpstreamServer
 from proxy.testing.script import Script, step_from_dict
+from rollout import AdminClient
 from tests.netfault import free_port
 from tests.test_proxy_replicas import ADMIN, AUTH, _children, _eventually, _register, _start
 
@@ -171,6 +173,21 @@ def test_admin_calls_behind_workers_reach_every_worker(up, tmp_path, pg_database
         assert rid in {replica for _, replica in seen.values()}  # the replacement served, under v3
         ups = httpx.get(base + "/admin/upstreams", headers=AUTH, timeout=30).json()
         assert sorted(ups["workers"]) == ["0", "1", "2"]
+
+        # the fence through the one address: a policy switch, then a trainer's weight update whose hook runs once
+        admin = AdminClient(base, ADMIN)
+        try:
+            switched = switch_policy(admin, lambda: None, version="v4", model_name="m")
+        finally:
+            admin.close()
+        assert switched.previous == "v3"
+        hooks = len([r for r in up.double.requests if r.path == "/tokenize"])
+        r = _post(base, "/admin/weights/update", {"version": "v5", "model_name": "m", "hook": {
+            "path": "/tokenize", "body": {"model": "m", "prompt": "load the new weights"}}})
+        assert r.status_code == 200 and r.json()["previous"] == "v4", r.text
+        assert len([r for r in up.double.requests if r.path == "/tokenize"]) == hooks + 1  # once, not per worker
+        workers = httpx.get(base + "/admin/status", headers=AUTH, timeout=30).json()["workers"]
+        assert {(w["policy_version"], w["paused"]) for w in workers.values()} == {("v5", False)} and len(workers) == 3
     finally:
         sup.send_signal(signal.SIGTERM)
         sup.wait(90)
@@ -194,7 +211,7 @@ def pair(up, tmp_path, pg_database):
         server = HttpServer(proxy.app, max_body=proxy.service.max_body, graceful_s=1)
         server.start_in_thread([tcp, private])
         started.append((f"http://127.0.0.1:{tcp.getsockname()[1]}", proxy, server))
-    yield run, started
+    yield run, started, settings, pg_database
     for _, proxy, server in started:
         server.stop()
         server.join()
@@ -203,7 +220,7 @@ def pair(up, tmp_path, pg_database):
 
 
 def test_upstream_changes_reach_the_sibling_and_a_silent_worker_is_named(pair, tokenizer, monkeypatch):
-    run, [(a, pa, _), (b, pb, _)] = pair
+    run, [(a, pa, _), (b, pb, _)], settings, pg_url = pair
     second = UpstreamServer(ScriptedUpstream(tokenizer=tokenizer))
     url2 = second.start()
     try:
@@ -214,9 +231,20 @@ def test_upstream_changes_reach_the_sibling_and_a_silent_worker_is_named(pair, t
         assert pa.service.upstream.find(url2).state == "draining"
         view = httpx.get(a + "/admin/upstreams", headers=AUTH, timeout=30).json()["workers"]
         assert [u["state"] for u in view["1"]["upstreams"]] == ["up", "draining"]
+        assert _post(a, "/admin/pause", {"drain": True, "timeout_s": 5}).json()["workers"]["1"]["paused"]
+        # a worker starting now takes the state the last change left, not its command line's
+        late = build_proxy("http://127.0.0.1:1", settings=settings, store_url=pg_url, replica_id="9", run_dir=run)
+        try:
+            assert [(r.url, r.state) for r in late.service.upstream.replicas] == [(up_url(pa), "up"),
+                                                                                  (url2, "draining")]
+            assert late.service.rollouts.paused
+        finally:
+            late.store.close()
+            late.service.rollouts.ledger.close()
+        assert _post(b, "/admin/resume").json()["workers"]["0"]["paused"] is False
         assert _post(a, "/admin/upstreams/remove", {"url": url2}).status_code == 200
         assert len(pb.service.upstream.replicas) == 1
-        # a worker starting now takes what the last change left: v2, the one engine replica
+        # and the state file has what the last change left: v2, the one engine replica
         assert _post(b, "/admin/policy_versions/v2/activate").status_code == 200
         state = json.loads((run / "state.json").read_text())
         assert state["policy_version"] == "v2" and [u["url"] for u in state["upstreams"]] == [up_url(pa)]
