@@ -6,7 +6,8 @@ rollout (lognormal), tool calls with JSON arguments, tool results as delta-encod
 exclusions. Then it times each page's queries (median of --repeat warm runs) and prints, as its last line, one JSON
 object: ``{"calls": ..., "overview_ms": ..., "trajectory_ms": ..., "behaviour_ms": ...}``. With ``--analyze`` it
 also times one ``openforge analyze`` over the whole store (``learner.analyze``: every finished rollout's rubrics)
-and adds ``analyze_s``, ``analyze_rollouts`` and ``analyze_peak_rss_mb``; ``--url`` measures a store kept by an
+and adds ``analyze_s``, ``analyze_cpu_s`` (this process), ``analyze_workers_cpu_s`` (its worker processes),
+``analyze_rollouts``, ``analyze_peak_rss_mb`` and ``analyze_worker_peak_rss_mb`` (the largest worker); ``--url`` measures a store kept by an
 earlier ``--keep`` run instead of building one.
 
     python bench/dashboard_queries.py [--calls 1000000] [--pg-admin URL] [--keep] [--analyze] [--url URL]
@@ -205,13 +206,17 @@ def measure(url: str, home: Path, repeat: int) -> dict:
 def measure_analyze(url: str, home: Path) -> dict:
     """One ``openforge analyze`` (by policy version, the command's default) over every finished rollout."""
     store = open_store(url, settings=Settings(home=home, auto_upgrade=False))
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     t, c = time.perf_counter(), time.process_time()
     report = analyze(store)
     took, cpu = time.perf_counter() - t, time.process_time() - c
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker processes analyze scores batches in
     store.close()
     return {"analyze_s": round(took, 1), "analyze_cpu_s": round(cpu, 1),  # this process's CPU, not the database's
+            "analyze_workers_cpu_s": round(done.ru_utime + done.ru_stime - kids.ru_utime - kids.ru_stime, 1),
             "analyze_rollouts": sum(r["rollouts"] for r in report["summary"]),
-            "analyze_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "analyze_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "analyze_worker_peak_rss_mb": round(done.ru_maxrss / 1024, 1)}
 
 
 def main() -> None:

@@ -16,47 +16,22 @@ right for reports and notebooks. The dashboards aggregate in SQL instead (``Stor
 
 from __future__ import annotations
 
-import gc
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from forge_store import REWARD_SOURCES, RolloutFilter, RolloutInfo, Store
 
 from ._analysis_config import CATEGORIES, RubricConfig
-from ._rubric_cache import RubricCache
-from ._rubrics import RolloutRubrics, pass_at_k, pass_hat_k, percentile
+from ._rollout_facts import RolloutFacts, collector_paused, iter_facts, rollout_facts
+from ._rubrics import pass_at_k, pass_hat_k, percentile
 
 SLICES = ("policy_version", "harness", "domain")
 
 
 class AnalysisError(ValueError):
     """An analysis request that cannot be answered as asked."""
-
-
-@dataclass(frozen=True)
-class RolloutFacts:
-    """What the analysis needs of one rollout."""
-
-    info: RolloutInfo
-    harness: str
-    domain: str
-    reward: float | None
-    passed: bool
-    latency_s: float | None
-    rubrics: RolloutRubrics
-
-    def key(self, by: str) -> str:
-        if by == "policy_version":
-            return self.info.policy_version_id or "(none)"
-        return self.harness if by == "harness" else self.domain
-
-
-def _passed(outcome: str | None, reward: float | None, config: RubricConfig) -> bool:
-    return reward >= config.pass_threshold if reward is not None else outcome == "success"
 
 
 def _check_sources(reward_sources: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -69,114 +44,16 @@ def _check_sources(reward_sources: Sequence[str] | None) -> tuple[str, ...] | No
     return tuple(reward_sources)
 
 
-class _Lineage:
-    """What the facts of any rollout need from the small lineage tables, read once."""
-
-    def __init__(self, store: Store):
-        self.tasks = {t["id"]: t for t in store.lineage("tasks")}
-        self.harnesses = {h["id"]: h for h in store.lineage("harnesses")}
-
-
 def collect(store: Store, *, config: RubricConfig | None = None, since: datetime | None = None,
             flt: RolloutFilter | None = None, limit: int | None = None, reward_sources: Sequence[str] | None = None,
-            progress: Callable[[int], None] | None = None, batch_size: int = 200) -> list[RolloutFacts]:
-    """Facts and rubrics of every finished rollout (started at or after ``since``), in ingest order
-    (:func:`iter_facts` as a list)."""
-    with _collector_paused():
-        return list(iter_facts(store, config=config, since=since, flt=flt, limit=limit,
-                               reward_sources=reward_sources, progress=progress, batch_size=batch_size))
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off for a pass over the store, back as it was after. A batch allocates some 10^5
-    containers (decoded JSON, none of them cyclic) and the collections they trigger traverse every live object
-    again and again: half the CPU of a read of the bench store. What a batch drops is freed by reference counting
-    as before; only cycles (none are made here) would wait for the collector's return."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def iter_facts(store: Store, *, config: RubricConfig | None = None, since: datetime | None = None,
-               flt: RolloutFilter | None = None, limit: int | None = None, reward_sources: Sequence[str] | None = None,
-               progress: Callable[[int], None] | None = None, batch_size: int = 200) -> Iterator[RolloutFacts]:
-    """:func:`collect`, streamed: calls and rewards are read in batches of ``batch_size`` rollouts, the next batch's
-    reads (a background thread, mostly waiting on the database) overlapping this batch's rubrics; ``progress``
-    gets the count done after each full batch."""
-    config = config or RubricConfig()
+            progress: Callable[[int], None] | None = None, batch_size: int = 200,
+            workers: int | None = None) -> list[RolloutFacts]:
+    """Facts and rubrics of every finished rollout (started at or after ``since``), in ingest order; calls and
+    rewards are read in batches of ``batch_size`` rollouts (``workers``: see :func:`iter_facts`)."""
     sources = _check_sources(reward_sources)
-    lineage, cache = _Lineage(store), RubricCache(config)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyze-read") as pool:
-        pending = None  # (batch, whether progress hears of it, future of its reads)
-        done = 0
-        for batch, report in _batches(store, flt, since, limit, batch_size):
-            ahead = (batch, report, pool.submit(_reads, store, batch, sources))
-            if pending is not None:
-                done += yield from _batch_facts(*pending, config, lineage, cache, progress, done)
-            pending = ahead
-        if pending is not None:
-            yield from _batch_facts(*pending, config, lineage, cache, progress, done)
-
-
-def _batch_facts(batch, report, reads, config, lineage, cache, progress, done) -> Iterator[RolloutFacts]:
-    yield from _facts(batch, *reads.result(), config=config, lineage=lineage, cache=cache)
-    if progress and report:
-        progress(done + len(batch))
-    return len(batch)
-
-
-def _batches(store: Store, flt: RolloutFilter | None, since: datetime | None, limit: int | None,
-             batch_size: int) -> Iterator[tuple[list[RolloutInfo], bool]]:
-    """The finished rollouts (started at or after ``since``; the first ``limit``) in batches, in ingest order, each
-    with whether progress hears of it (every batch but a last short one)."""
-    batch: list[RolloutInfo] = []
-    taken = 0
-    for info in store.iter_rollouts(flt or RolloutFilter(finished=True)):
-        if info.status != "finished" or (since is not None and info.started_at < since):
-            continue
-        batch.append(info)
-        if len(batch) == batch_size or (limit is not None and taken + len(batch) >= limit):
-            taken += len(batch)
-            yield batch, True
-            batch = []
-            if limit is not None and taken >= limit:
-                return
-    if batch:
-        yield batch, False
-
-
-def _reads(store: Store, infos: Sequence[RolloutInfo], sources: tuple[str, ...] | None) -> tuple[dict, dict]:
-    ids = [i.id for i in infos]
-    return store.call_summaries(ids), store.latest_rewards(ids, sources=sources)
-
-
-def rollout_facts(store: Store, infos: Sequence[RolloutInfo], *, config: RubricConfig | None = None,
-                  reward_sources: Sequence[str] | None = None, lineage: _Lineage | None = None) -> list[RolloutFacts]:
-    """Facts and rubrics of these rollouts (one batched read of their calls and one of their rewards)."""
-    if not infos:
-        return []
-    config = config or RubricConfig()
-    return list(_facts(infos, *_reads(store, infos, _check_sources(reward_sources)), config=config,
-                       lineage=lineage or _Lineage(store), cache=RubricCache(config)))
-
-
-def _facts(infos: Sequence[RolloutInfo], calls_of: dict, rewards: dict, *, config: RubricConfig, lineage: _Lineage,
-           cache: RubricCache) -> Iterator[RolloutFacts]:
-    for info in infos:
-        task = lineage.tasks.get(info.task_id) or {}
-        h = lineage.harnesses.get(info.harness_id)
-        harness = f"{h['name']}@{h['version']}" if h and h.get("version") else (h["name"] if h else (info.harness_id or "(none)"))
-        value = rewards[info.id].value if info.id in rewards else None
-        latency = (info.ended_at - info.started_at).total_seconds() if info.ended_at else None
-        yield RolloutFacts(info=info, harness=harness, domain=task.get("domain") or "(none)", reward=value,
-                           passed=_passed(info.outcome, value, config), latency_s=latency,
-                           rubrics=cache.rubrics(calls_of.get(info.id, []), task_metadata=task.get("metadata"),
-                                                 rollout_id=info.id))
+    with collector_paused():
+        return list(iter_facts(store, config=config or RubricConfig(), since=since, flt=flt, limit=limit,
+                               sources=sources, progress=progress, batch_size=batch_size, workers=workers))
 
 
 @dataclass
@@ -342,7 +219,8 @@ def rubric_summary(store: Store, rollouts: Sequence[RolloutInfo], *, config: Rub
                    reward_sources: Sequence[str] | None = None) -> dict:
     """The behaviour rubrics of ``openforge analyze`` over these rollouts (a dashboard's sample), by the same code:
     :func:`behaviour` of their facts."""
-    return behaviour(rollout_facts(store, rollouts, config=config, reward_sources=_check_sources(reward_sources)))
+    return behaviour(rollout_facts(store, rollouts, config=config or RubricConfig(),
+                                   sources=_check_sources(reward_sources)))
 
 
 def tool_rows(facts: Sequence[RolloutFacts], by: str) -> list[dict]:
@@ -362,20 +240,20 @@ def exclusion_rows(facts: Sequence[RolloutFacts], by: str, excluded: dict[str, s
 
 def analyze(store: Store, *, by: str = "policy_version", ks: Sequence[int] = (1, 5),
             config: RubricConfig | None = None, since: datetime | None = None,
-            reward_sources: Sequence[str] | None = None,
-            progress: Callable[[int], None] | None = None) -> dict[str, list[dict]]:
+            reward_sources: Sequence[str] | None = None, progress: Callable[[int], None] | None = None,
+            workers: int | None = None) -> dict[str, list[dict]]:
     """Every table of ``openforge analyze``: summary, behaviour, categories, tools, exclusions. Only rewards from
-    ``reward_sources`` count (None: every source). One streaming pass: memory holds a batch of rollouts' calls
-    and the per-slice aggregates, not the facts of every rollout."""
+    ``reward_sources`` count (None: every source). One streaming pass (:func:`iter_facts`; ``workers`` as there):
+    memory holds a few batches of rollouts' calls and the per-slice aggregates, not the facts of every rollout."""
     if by not in SLICES:
         raise AnalysisError(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
     if any(k < 1 for k in ks):
         raise AnalysisError(f"--k {list(ks)}: k must be 1 or more; pass e.g. --k 1 --k 5")
-    config = config or RubricConfig()
+    config, sources = config or RubricConfig(), _check_sources(reward_sources)
     excluded = store.exclusion_reasons()
-    with _collector_paused():
-        slices = _slices(iter_facts(store, config=config, since=since, reward_sources=reward_sources,
-                                    progress=progress), by, excluded, config)
+    with collector_paused():
+        slices = _slices(iter_facts(store, config=config, since=since, sources=sources, progress=progress,
+                                    workers=workers), by, excluded, config)
     return {"summary": [{by: key, **_summary_row(s, ks)} for key, s in slices.items()],
             "behaviour": [{by: key, **_behaviour(s)} for key, s in slices.items()],
             "categories": _category_rows(slices, by), "tools": _tool_rows(slices, by),

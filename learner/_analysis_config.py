@@ -60,10 +60,11 @@ _DEFAULT_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "note
 _DEFAULT_COMMAND_KEYS = ("command", "cmd", "script", "input")
 
 
-def _required(items, flags: int) -> frozenset[str] | None:
+def _required(items, fold: bool) -> frozenset[str] | None:
     """Strings one of which every match of this parsed regex sequence contains (None: nothing known). Only what is
-    certain counts: case-sensitive literal runs, branches whose every alternative has some, groups and repeats of
-    at least one; lookarounds, classes, anchors and case-insensitive parts contribute nothing."""
+    certain counts: literal runs, branches whose every alternative has some, groups and repeats of at least one;
+    classes, anchors and lookarounds contribute nothing. Without ``fold`` a case-insensitive group contributes
+    nothing either; with it (a pattern that ignores case) literals count lowercased, as :func:`_fold` compares."""
     best: frozenset[str] | None = None
     run: list[str] = []
 
@@ -74,35 +75,47 @@ def _required(items, flags: int) -> frozenset[str] | None:
 
     for op, av in items:
         if op is _C.LITERAL:
-            run.append(chr(av))
+            run.append(chr(av).lower() if fold else chr(av))
             continue
         consider(frozenset(["".join(run)]) if run else None)
         run = []
         if op is _C.SUBPATTERN:
-            _group, add_flags, _del_flags, sub = av
-            if not add_flags & re.IGNORECASE:
-                consider(_required(sub.data, flags))
+            if fold or not av[1] & re.IGNORECASE:
+                consider(_required(av[3].data, fold))
         elif op is _C.ATOMIC_GROUP:
-            consider(_required(av.data, flags))
+            consider(_required(av.data, fold))
         elif op is _C.BRANCH:
-            alts = [_required(alt.data, flags) for alt in av[1]]
+            alts = [_required(alt.data, fold) for alt in av[1]]
             if all(alts):
                 consider(frozenset().union(*alts))
         elif op in (_C.MAX_REPEAT, _C.MIN_REPEAT, _C.POSSESSIVE_REPEAT) and av[0] >= 1:
-            consider(_required(av[2].data, flags))
+            consider(_required(av[2].data, fold))
     consider(frozenset(["".join(run)]) if run else None)
     return best
 
 
-def _prefilter(pattern: str) -> frozenset[str] | None:
-    """:func:`_required` of a whole pattern; None when it ignores case (Unicode case folding is not ``str.lower``)."""
+def _prefilter(pattern: str) -> tuple[frozenset[str], bool] | None:
+    """(literals one of which every match contains, whether they are to be looked for in :func:`_fold` of the
+    text) for a pattern, or None. A pattern that ignores case gets its literals only when they are all ASCII."""
     try:
         parsed = _parser.parse(pattern)
     except re.error:
         return None
-    if parsed.state.flags & re.IGNORECASE:
+    fold = bool(parsed.state.flags & re.IGNORECASE)
+    found = _required(parsed.data, fold)
+    if found is None or (fold and not all(lit.isascii() for lit in found)):
         return None
-    return _required(parsed.data, parsed.state.flags)
+    return found, fold
+
+
+# sre matches a case-insensitive ASCII letter c where the simple lowercase of the text's character is c, or is one
+# of c's extra cases (re._casefix: dotless i, long s). str.lower is that simple mapping for every character but
+# U+0130 (whose full lowercase is two characters), so this folding puts c wherever sre would match it.
+_FOLD = {0x130: "i", 0x131: "i", 0x17F: "s"}
+
+
+def _fold(text: str) -> str:
+    return text.lower() if text.isascii() else text.translate(_FOLD).lower()
 
 
 class RubricConfigError(ValueError):
@@ -163,16 +176,26 @@ class RubricConfig:
 
     def matches_any(self, attr: str, text: str) -> bool:
         """Whether any of the ``attr`` patterns is found in ``text``. A pattern runs only where ``text`` holds one
-        of the literals every match of it contains (``"Permission denied"``; ``"Error: "`` or ``"Exception: "``):
+        of the literals every match of it contains (``"Permission denied"``; ``"exit"`` or ``"return"``, in any case):
         a substring test is a fraction of a regex search, and over a million tool results most patterns never
         need to run. (One union regex of all seven was slower than each in turn: sre finds no prefix to skip by.)"""
         checks = self.__dict__.get("_checks")
         if checks is None:
             checks = self.__dict__.setdefault("_checks", {})
         if attr not in checks:
-            checks[attr] = tuple((p, _prefilter(p.pattern)) for p in self._compiled[attr])
-        for pat, literals in checks[attr]:
-            if (literals is None or any(lit in text for lit in literals)) and pat.search(text):
+            checks[attr] = tuple((p, *(_prefilter(p.pattern) or (None, False))) for p in self._compiled[attr])
+        folded = None
+        for pat, literals, fold in checks[attr]:
+            if literals is not None:
+                if fold and folded is None:
+                    folded = _fold(text)
+                hay = folded if fold else text
+                for lit in literals:
+                    if lit in hay:
+                        break
+                else:
+                    continue
+            if pat.search(text):
                 return True
         return False
 
