@@ -26,6 +26,7 @@ from ._upstream import UpstreamPool
 
 MARGIN_S = 10.0  # a sibling's drain may take its whole timeout; its answer gets this much longer
 READ_S = 5.0  # how long a read (status, upstreams) waits for each sibling's view
+SYNC = "/admin/fleet/sync"  # a sibling's activation or engine replica marks (``proxy._policy_routes``)
 
 
 class Fleet:
@@ -43,10 +44,17 @@ class Fleet:
 
     def restore(self, state: dict) -> None:
         """Take ``state`` (another worker's ``state()``) before serving."""
-        self.rollouts.policy_version = state["policy_version"]
         if state["paused"]:
             self.rollouts.pause()
-        self.pool.apply_marks(state["upstreams"])
+        self.apply(state)
+
+    def apply(self, changes: dict) -> dict:
+        """A sibling's ``policy_version`` and engine replica marks (``upstreams``), where given."""
+        if "policy_version" in changes:
+            self.rollouts.policy_version = changes["policy_version"]
+        if "upstreams" in changes:
+            self.pool.apply_marks(changes["upstreams"])
+        return {"policy_version": self.rollouts.policy_version, "upstreams": self.pool.marks()}
 
     def forwarded(self, request) -> bool:
         """A call a sibling forwarded here: it changes this process only."""
@@ -143,14 +151,13 @@ class Fleet:
         await asyncio.to_thread(self.store.add_event, "policy_version.activated", source="proxy",
                                 detail={"policy_version": version, "previous": previous})
         if self.siblings is not None:
-            self._check(await self._send("POST", f"/admin/policy_versions/{version}/activate"),
-                        f"activated {version!r}")
+            self._check(await self._send("POST", SYNC, {"policy_version": version}), f"activated {version!r}")
         return previous
 
     async def share_upstreams(self) -> None:
         """Every sibling drains and refuses the engine replicas this worker does (after a weight update's hook)."""
         if self.siblings is not None:
-            answers = await self._send("POST", "/admin/upstreams/marks", {"upstreams": self.pool.marks()})
+            answers = await self._send("POST", SYNC, {"upstreams": self.pool.marks()})
             self._check(answers, "refused the engine replicas that missed the weight update")
 
     async def forward(self, request, mine: dict | Awaitable[dict], timeout_s: float | None = None) -> dict:

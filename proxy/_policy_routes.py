@@ -56,6 +56,14 @@ class HookIn(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0, le=3600)
 
 
+class SyncIn(BaseModel):
+    """What a sibling changed (``Fleet.activate``, ``Fleet.share_upstreams``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy_version: str | None = None
+    upstreams: list[dict] | None = None  # ``UpstreamPool.marks()``
+
+
 class WeightsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: str = Field(min_length=1, max_length=128)
@@ -103,6 +111,13 @@ def policy_routes(router: APIRouter, service: ProxyService, fleet: Fleet, to_thr
     async def resume(request: Request):
         async with fleet.change(request):
             return await fleet.resume(forwarded=fleet.forwarded(request))
+
+    @router.post("/admin/fleet/sync", include_in_schema=False)
+    async def sync(request: Request, body: SyncIn):
+        """Take a sibling's activation or engine replica marks; only from a sibling (``proxy._siblings``)."""
+        if not fleet.forwarded(request):
+            raise ProxyError(404, "Not Found", code="http_error")
+        return fleet.apply(body.model_dump(exclude_none=True))
 
     @router.post("/admin/weights/update")
     async def update_weights(request: Request, body: WeightsIn):

@@ -6,7 +6,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._errors import ProxyError
 from ._fleet import MARGIN_S, Fleet
 from ._service import ProxyService
 
@@ -18,11 +17,6 @@ class UpstreamIn(BaseModel):
 
 class DrainIn(UpstreamIn):
     timeout_s: float = Field(default=60.0, ge=0, le=3600)  # how long to wait for its calls in flight
-
-
-class MarksIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    upstreams: list[dict]
 
 
 def upstream_routes(router: APIRouter, service: ProxyService, fleet: Fleet) -> None:
@@ -56,11 +50,3 @@ def upstream_routes(router: APIRouter, service: ProxyService, fleet: Fleet) -> N
         """Take the replica out now (calls in flight finish); 409 for the last one."""
         async with fleet.change(request):
             return await fleet.forward(request, await pool.remove(body.url))
-
-    @router.post("/admin/upstreams/marks", include_in_schema=False)
-    async def upstream_marks(request: Request, body: MarksIn):
-        """Drain and refuse the replicas a sibling does (``Fleet.share_upstreams``); only from a sibling."""
-        if not fleet.forwarded(request):
-            raise ProxyError(404, "Not Found", code="http_error")
-        pool.apply_marks(body.upstreams)
-        return {"upstreams": pool.marks()}

@@ -249,6 +249,8 @@ def test_upstream_changes_reach_the_sibling_and_a_silent_worker_is_named(pair, t
         state = json.loads((run / "state.json").read_text())
         assert state["policy_version"] == "v2" and [u["url"] for u in state["upstreams"]] == [up_url(pa)]
         assert pa.service.rollouts.policy_version == "v2"
+        r = _post(a, "/admin/policy_versions", {"id": "org/v2.1", "model_name": "m"})  # any id, a '/' too
+        assert r.status_code == 200 and pb.service.rollouts.policy_version == "org/v2.1", r.text
     finally:
         second.stop()
 
