@@ -22,6 +22,7 @@ import orjson
 import sqlalchemy as sa
 
 from . import _schema as schema
+from ._column_types import JSON_WRAP
 from ._reads import ids_in
 from ._token_calls import json_value
 
@@ -29,7 +30,6 @@ _calls = schema.Call.__table__
 _messages = schema.Message.__table__
 _tools = schema.ToolSchema.__table__
 _RESULT, _ANSWER = ("tool",), ("tool", "assistant")  # the roles a tool result / an answer is read with
-_ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -78,38 +78,62 @@ def _resolved(conn: sa.Connection, rows: list, pg: bool, margin: int, width: int
     (id, rollout_id, seq, tool messages, response, answer, tool_schema_hash)."""
     if not rows:
         return []
-    tails = [json_value(r[3], pg) or () for r in rows]
+    tails = [t or () for t in _json_values([r[3] for r in rows], pg)]
     answers = {r[5] for r in rows if r[5]}
-    found: dict[str, tuple[str | None, str | None]] = {}  # hash -> (role, body where the role is one we read)
+    results: dict[str, str] = {}  # hash -> body of a tool message
+    answer_bodies: dict[str, str] = {}  # hash -> body of a tool or assistant message (read only for answers)
+    seen: set[str] = set()
+
+    def take(found: list) -> None:
+        seen.update(h for h, _, _ in found)
+        results.update((h, body) for h, role, body in found if role == "tool")
+        if answers:
+            answer_bodies.update((h, body) for h, role, body in found
+                                 if body is not None and role in _ANSWER and h in answers)
+
     lo, hi = min(r[7] for r in rows) - margin, max(r[7] for r in rows)
     if hi - lo <= width * len(rows) + margin:
         wanted = _RESULT + (_ANSWER if answers else ())
-        q = sa.select(_messages.c.sha256, _messages.c.role, sa.case(
+        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
             (_messages.c.role.in_(wanted), _messages.c.body), else_=sa.null())).where(
-            _messages.c.ingest_seq.between(lo, hi))
-        found.update((h, (role, body)) for h, role, body in conn.execute(q).all())
-    missing = sorted({h for t in tails for h in t if h not in found} | {h for h in answers if h not in found})
+            _messages.c.ingest_seq.between(lo, hi))).all())
+    missing = sorted({h for t in tails for h in t if h not in seen} | {h for h in answers if h not in seen})
     for i in range(0, len(missing), 5000):
-        q = sa.select(_messages.c.sha256, _messages.c.role, sa.case(
+        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
             (_messages.c.role.in_(_ANSWER), _messages.c.body), else_=sa.null())).where(
-            ids_in(_messages.c.sha256, missing[i:i + 5000], pg))
-        found.update((h, (role, body)) for h, role, body in conn.execute(q).all())
-    decoded: dict[str, object] = {}
+            ids_in(_messages.c.sha256, missing[i:i + 5000], pg))).all())
+    used = list(dict.fromkeys(h for t in tails for h in t if h in results))
+    decoded = dict(zip(used, _loads_all([results[h] for h in used])))
+    named = [h for h in answers if h in answer_bodies]
+    answered = dict(zip(named, _loads_all([answer_bodies[h] for h in named])))
+    return [(cid, rid, seq, [decoded[h] for h in tail if h in decoded], response,
+             answered.get(answer) if answer else None, schema_hash)
+            for (cid, rid, seq, _, _, answer, schema_hash, _), tail, response
+            in zip(rows, tails, _json_values([r[4] for r in rows], pg))]
 
-    def body(h: str, roles: tuple[str, ...]):
-        role, text = found.get(h, (None, None))
-        if role not in roles or text is None:
-            return _ABSENT
-        if h not in decoded:
-            decoded[h] = _loads(text)
-        return decoded[h]
 
-    out = []
-    for (cid, rid, seq, _, response, answer, schema_hash, _), tail in zip(rows, tails):
-        msgs = [m for m in (body(h, _RESULT) for h in tail) if m is not _ABSENT]
-        got = body(answer, _ANSWER) if answer else None
-        out.append((cid, rid, seq, msgs, json_value(response, pg), None if got is _ABSENT else got, schema_hash))
-    return out
+def _loads_all(bodies: list[str]) -> list:
+    """``[_loads(b) for b in bodies]`` as one decode of them joined into an array (a call per body cost more than
+    the decoding); each alone where that does not give one value per body."""
+    try:
+        values = orjson.loads("[" + ",".join(bodies) + "]")
+    except orjson.JSONDecodeError:
+        values = None
+    return values if values is not None and len(values) == len(bodies) else [_loads(b) for b in bodies]
+
+
+def _json_values(texts: list[str | None], pg: bool) -> list:
+    """``[json_value(t, pg) for t in texts]``, decoded as one array (see :func:`_loads_all`)."""
+    try:
+        values = orjson.loads("[" + ",".join("null" if t is None else t for t in texts) + "]")
+    except orjson.JSONDecodeError:
+        values = None
+    if values is None or len(values) != len(texts):
+        return [json_value(t, pg) for t in texts]
+    if pg:  # a wrapped value (see _schema.StoredJSON) is unwrapped as json_value does
+        return [json_value(t, pg) if isinstance(v, dict) and len(v) == 1 and JSON_WRAP in v else v
+                for v, t in zip(values, texts)]
+    return values
 
 
 def _loads(body: str):
@@ -117,14 +141,3 @@ def _loads(body: str):
         return orjson.loads(body)
     except orjson.JSONDecodeError:  # what orjson does not read (NaN, huge integers) json does
         return json.loads(body)
-
-
-def _bodies(conn: sa.Connection, hashes: set[str], pg: bool, role: str | tuple[str, ...],
-            chunk: int = 5000) -> dict[str, object]:
-    """Hash -> decoded body of the messages among ``hashes`` that have ``role`` (or one of them)."""
-    todo, out = sorted(hashes), {}
-    for i in range(0, len(todo), chunk):
-        q = sa.select(_messages.c.sha256, _messages.c.body).where(ids_in(_messages.c.sha256, todo[i:i + chunk], pg))
-        q = q.where(_messages.c.role.in_((role,) if isinstance(role, str) else role))
-        out.update((h, _loads(b)) for h, b in conn.execute(q).all())
-    return out
