@@ -37,8 +37,8 @@ MIN_ROLLOUTS = 2_000
 def default_workers(planner: Planner) -> int:
     """Workers for an export: one per core (at most 8) for a store of at least ``MIN_ROLLOUTS`` finished
     rollouts in two runs or more; 1 (no worker: the exporting process plans) otherwise, and where forking cannot
-    be trusted: a blob store on an object-store client (its runtime's threads do not survive a fork) or a
-    SQLite database in memory (a worker could not see it)."""
+    be trusted: a blob store on an object-store client (its runtime's threads do not survive a fork), a SQLite
+    database in memory (a worker could not see it), or a daemonic process (which may not start processes)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores < 2 or planner.total < MIN_ROLLOUTS or not forkable(planner):
         return 1
@@ -50,6 +50,8 @@ def forkable(planner: Planner) -> bool:
     store = planner.store
     url = store.engine.url
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return False
+    if multiprocessing.current_process().daemon:  # a daemonic process may not start processes
         return False
     return "fork" in multiprocessing.get_all_start_methods() and not is_url(store.blobs.location.url)
 
