@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 
 import orjson
 import sqlalchemy as sa
@@ -85,27 +87,29 @@ def _resolved(conn: sa.Connection, rows: list, pg: bool, margin: int, width: int
     seen: set[str] = set()
 
     def take(found: list) -> None:
-        seen.update(h for h, _, _ in found)
+        seen.update(map(itemgetter(0), found))
         results.update((h, body) for h, role, body in found if role == "tool")
         if answers:
             answer_bodies.update((h, body) for h, role, body in found
                                  if body is not None and role in _ANSWER and h in answers)
 
-    lo, hi = min(r[7] for r in rows) - margin, max(r[7] for r in rows)
+    named = set(chain.from_iterable(tails))
+    seqs = list(map(itemgetter(7), rows))
+    lo, hi = min(seqs) - margin, max(seqs)
     if hi - lo <= width * len(rows) + margin:
         wanted = _RESULT + (_ANSWER if answers else ())
         take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
             (_messages.c.role.in_(wanted), _messages.c.body), else_=sa.null())).where(
             _messages.c.ingest_seq.between(lo, hi))).all())
-    missing = sorted({h for t in tails for h in t if h not in seen} | {h for h in answers if h not in seen})
+    missing = sorted((named | answers) - seen)
     for i in range(0, len(missing), 5000):
         take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
             (_messages.c.role.in_(_ANSWER), _messages.c.body), else_=sa.null())).where(
             ids_in(_messages.c.sha256, missing[i:i + 5000], pg))).all())
-    used = list(dict.fromkeys(h for t in tails for h in t if h in results))
+    used = list(named & results.keys())
     decoded = dict(zip(used, _loads_all([results[h] for h in used])))
-    named = [h for h in answers if h in answer_bodies]
-    answered = dict(zip(named, _loads_all([answer_bodies[h] for h in named])))
+    given = list(answers & answer_bodies.keys())
+    answered = dict(zip(given, _loads_all([answer_bodies[h] for h in given])))
     return [(cid, rid, seq, [decoded[h] for h in tail if h in decoded], response,
              answered.get(answer) if answer else None, schema_hash)
             for (cid, rid, seq, _, _, answer, schema_hash, _), tail, response

@@ -52,22 +52,35 @@ class _Call:
     command: str
 
 
-class RubricCache:
-    """Per-distinct-value verdicts for :meth:`rubrics`; one per analysis (one ``RubricConfig``)."""
+class _Memo(dict):
+    """A dict that forgets everything when it holds ``max_entries`` keys or ``max_chars`` characters of them (a
+    tool result or an arguments string can be a whole file); a value too big for a sixteenth of that is not kept."""
 
-    def __init__(self, config: RubricConfig, max_entries: int = 50_000):
-        self.config = config
-        self.max_entries = max_entries
-        self._declared: dict[str, dict | None] = {}
-        self._calls: dict[tuple, _Call] = {}
-        self._failed: dict[str, bool] = {}
-        self._mentions: dict[tuple[str, str], bool] = {}
+    def __init__(self, max_entries: int, max_chars: int):
+        super().__init__()
+        self.max_entries, self.max_chars, self.chars = max_entries, max_chars, 0
 
-    def _put(self, cache: dict, key, value):
-        if len(cache) >= self.max_entries:
-            cache.clear()
-        cache[key] = value
+    def put(self, key, value, chars: int):
+        if chars * 16 > self.max_chars:
+            return value
+        if len(self) >= self.max_entries or self.chars + chars > self.max_chars:
+            self.clear()
+            self.chars = 0
+        self[key] = value
+        self.chars += chars
         return value
+
+
+class RubricCache:
+    """Per-distinct-value verdicts for :meth:`rubrics`; one per analysis (one ``RubricConfig``). Each memo holds
+    at most ``max_entries`` values and ``max_chars`` characters of keys."""
+
+    def __init__(self, config: RubricConfig, max_entries: int = 50_000, max_chars: int = 4_000_000):
+        self.config = config
+        self._declared: dict[str, dict | None] = {}  # by schema hash: a store has few
+        self._calls = _Memo(max_entries, max_chars)
+        self._failed = _Memo(max_entries, max_chars)
+        self._mentions = _Memo(max_entries, max_chars)
 
     def declared(self, call: CallSummary) -> dict | None:
         h = call.tool_schema_hash
@@ -82,8 +95,8 @@ class RubricCache:
         got = self._calls.get(key) if key is not None else None
         if got is None:
             got = self._new_call(declared, name, raw)
-            if key is not None:
-                self._put(self._calls, key, got)
+            if key is not None:  # the verdict holds the arguments about twice more (parsed, normalised)
+                self._calls.put(key, got, 3 * len(raw))
         return got
 
     def _new_call(self, declared: dict | None, name: str, raw) -> _Call:
@@ -105,14 +118,14 @@ class RubricCache:
     def failed(self, result: str) -> bool:
         got = self._failed.get(result)
         if got is None:
-            got = self._put(self._failed, result, self.config.matches_any("error_patterns", result))
+            got = self._failed.put(result, self.config.matches_any("error_patterns", result), len(result))
         return got
 
     def mentions(self, command: str, path: str) -> bool:
         key = (command, path)
         got = self._mentions.get(key)
         if got is None:
-            got = self._put(self._mentions, key, _mentions(command, path))
+            got = self._mentions.put(key, _mentions(command, path), len(command) + len(path))
         return got
 
     def rubrics(self, calls: Sequence[CallSummary], *, task_metadata: dict | None = None,

@@ -158,11 +158,13 @@ def test_cached_rubrics_are_those_of_full_reads(st):
     assert len(ref) > 40 and sum(f["rubrics"].n_tool_calls for f in ref) > 150
     assert {f["rubrics"].failed > 0 for f in ref} == {True, False}  # the store exercises every rule
     assert {f["rubrics"].self_verified for f in ref} == {True, False, None}
-    cache = RubricCache(config, max_entries=7)  # tiny: cleared again and again
     light = st.call_summaries([f["info"].id for f in ref])
+    for cache in (RubricCache(config), RubricCache(config, max_entries=7, max_chars=400)):  # tiny: often cleared
+        for f in ref:
+            rid = f["info"].id
+            assert cache.rubrics(light[rid], task_metadata=_meta(st, f), rollout_id=rid) == f["rubrics"], rid
     for f in ref:
         rid = f["info"].id
-        assert cache.rubrics(light[rid], task_metadata=_meta(st, f), rollout_id=rid) == f["rubrics"], rid
         assert rollout_rubrics(light[rid], task_metadata=_meta(st, f), config=config, rollout_id=rid) == f["rubrics"]
 
 
