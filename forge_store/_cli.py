@@ -299,12 +299,13 @@ def store_add_reward(
 def sql_command(
     query: str = typer.Argument(..., help="DuckDB SQL over the views rollouts, calls, tool_calls, rewards, samples, "
                                           "exclusions, exports, tasks, harnesses, policy_versions."),
-    store: Optional[str] = typer.Option(None, "--store", help="Store URL or a snapshot folder (default: the "
-                                        "configured store).", show_default=False),
+    store: Optional[str] = typer.Option(None, "--store", help="Store URL, a snapshot folder or an s3://BUCKET/PREFIX "
+                                        "snapshot (reached with OPENFORGE_S3_* / AWS_*; default: the configured "
+                                        "store).", show_default=False),
     max_rows: int = typer.Option(200, "--max-rows", help="Print at most this many rows."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Write the full result to this CSV file."),
 ) -> None:
-    """Run DuckDB SQL over the store (read-only) or a Parquet snapshot."""
+    """Run DuckDB SQL over the store (read-only) or a Parquet snapshot (a folder or an s3:// URL)."""
     import duckdb
 
     from ._duckdb_views import ANALYSIS_VIEWS, connect

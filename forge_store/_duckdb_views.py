@@ -1,6 +1,7 @@
-"""DuckDB over the store: the live database (SQLite or PostgreSQL, read-only) or a Parquet snapshot folder.
+"""DuckDB over the store: the live database (SQLite or PostgreSQL, read-only) or a Parquet snapshot (a folder or
+an ``s3://BUCKET/PREFIX`` URL that ``openforge store snapshot --to`` wrote).
 
-``connect(url_or_snapshot_dir)`` returns a DuckDB connection with one view per table (JSON columns typed JSON,
+``connect(url_or_snapshot, settings)`` returns a DuckDB connection with one view per table (JSON columns typed JSON,
 timestamps TIMESTAMP in UTC (no zone attached, so results need no pytz), booleans BOOLEAN, whatever the source) and these analysis views:
 
 * ``rollouts``: every rollout plus ``latency_s``, ``harness_name``, ``harness_version``, ``domain`` and the reward
@@ -21,13 +22,16 @@ timestamps TIMESTAMP in UTC (no zone attached, so results need no pytz), boolean
 
 The sqlite / postgres scanners cannot be INSTALLed offline: they come from the PyPI packages
 ``duckdb-extension-sqlite-scanner`` and ``duckdb-extension-postgres-scanner`` (``pip install 'openforge[dashboards]'``)
-and are LOADed by file path.
+and are LOADed by file path. So is httpfs, for a snapshot at an ``s3://`` URL (``duckdb-extension-httpfs``, in
+``openforge[s3]``): its manifest is read through the store's object-store client, and DuckDB gets a temporary
+(in-memory, never written) S3 secret built from the same ``Settings`` (``OPENFORGE_S3_*`` / ``AWS_*``).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 from pathlib import Path
 
 import duckdb
@@ -36,20 +40,22 @@ import sqlalchemy as sa
 from . import _schema as schema
 from ._engine import redact_url
 from ._errors import SchemaMismatch, StoreError, StoreURLError
+from ._objstore import ObjectNotFound, is_url, open_location
 from ._rewards import DUCKDB_VIEWS as REWARD_VIEWS
+from ._settings import Settings, get_settings
 
 ANALYSIS_VIEWS = ("rollouts", "calls", "tool_calls", "rewards", "samples", "exclusions", "exports", "tasks",
                   "harnesses", "policy_versions")
 
 
-def _extension(name: str) -> str:
+def _extension(name: str, extra: str = "dashboards") -> str:
     pkg = f"duckdb_extension_{name}"
     try:
         mod = importlib.import_module(pkg)
     except ImportError:
         raise StoreError(
             f"DuckDB extension {name} is not installed: it ships in the PyPI package {pkg.replace('_', '-')} "
-            f"(version {duckdb.__version__}); run pip install 'openforge[dashboards]'") from None
+            f"(version {duckdb.__version__}); run pip install 'openforge[{extra}]'") from None
     files = sorted(Path(mod.__file__).parent.rglob(f"{name}.duckdb_extension"))
     wanted = [f for f in files if f.parent.name == f"v{duckdb.__version__}"] or files
     if not wanted:
@@ -76,24 +82,82 @@ def _column_sql(col: sa.Column) -> str:
     return name
 
 
-def _attach(con: duckdb.DuckDBPyConnection, source: str) -> str:
+def _quote(value: str) -> str:
+    """``value`` as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _snapshot_views(con: duckdb.DuckDBPyConnection, source: str, manifest: dict, file_of) -> str:
+    """One ``src`` view per table of a snapshot's ``manifest``; ``file_of(name)`` is where DuckDB reads a file."""
+    files = {t: file_of(info["file"]) for t, info in manifest["tables"].items()}
+    missing = [t.name for t in schema.Base.metadata.sorted_tables if t.name != "ingest_counter" and t.name not in files]
+    if missing:
+        raise SchemaMismatch(f"snapshot {source} lacks tables {missing}: it was written by an older OpenForge; "
+                             "write a new one with `openforge store snapshot`")
+    con.execute("CREATE SCHEMA src")
+    for t, f in files.items():
+        try:
+            con.execute(f"CREATE VIEW src.\"{t}\" AS SELECT * FROM read_parquet({_quote(f)})")
+        except duckdb.IOException as exc:  # a view reads its file's schema when it is created
+            raise StoreError(f"snapshot {source}: DuckDB cannot read {f} ({str(exc).splitlines()[0]}). The manifest "
+                             "lists it, so check that the file is still there and readable with these credentials, "
+                             "or write a new snapshot with `openforge store snapshot`.") from None
+    return "src.\"{table}\""
+
+
+def _s3_secret(con: duckdb.DuckDBPyConnection, s: Settings) -> None:
+    """Load httpfs and give DuckDB a temporary S3 secret from ``s``: the same server and credentials as obstore."""
+    con.execute(f"LOAD {_quote(_extension('httpfs', extra='s3'))}")
+    con.execute(f"SET http_timeout = {max(1, math.ceil(s.s3_timeout_s))}")
+    con.execute(f"SET http_retries = {s.s3_max_retries}")
+    opts = {"REGION": s.s3_region}
+    for key, secret in (("KEY_ID", s.s3_access_key_id), ("SECRET", s.s3_secret_access_key),
+                        ("SESSION_TOKEN", s.s3_session_token)):
+        if secret is not None:
+            opts[key] = secret.get_secret_value()
+    sql = ""
+    if s.s3_endpoint:
+        endpoint = s.s3_endpoint.rstrip("/")
+        opts["ENDPOINT"] = endpoint.split("://", 1)[-1]
+        sql = f", URL_STYLE 'path', USE_SSL {'false' if endpoint.startswith('http://') else 'true'}"
+    sql = ", ".join(f"{k} {_quote(v)}" for k, v in opts.items()) + sql
+    try:
+        con.execute(f"CREATE TEMPORARY SECRET openforge_s3 (TYPE s3, {sql})")
+    except duckdb.Error:  # its text could quote the statement, and so the credentials: say what, not how
+        raise StoreError("DuckDB refused the S3 secret built from the settings (OPENFORGE_S3_ENDPOINT, "
+                         "OPENFORGE_S3_REGION, OPENFORGE_S3_ACCESS_KEY_ID ...): check their values") from None
+
+
+def _attach_s3_snapshot(con: duckdb.DuckDBPyConnection, source: str, settings: Settings | None) -> str:
+    settings = settings or get_settings()
+    loc = open_location(source, settings)
+    try:
+        manifest = json.loads(loc.get_bytes("manifest.json"))
+    except ObjectNotFound:
+        raise StoreURLError(f"{source!r}: no snapshot there (no {loc.url}/manifest.json); pass the URL that "
+                            "`openforge store snapshot --to s3://BUCKET/PREFIX` wrote, or a store URL") from None
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != "openforge-snapshot":
+        raise StoreURLError(f"{loc.url}/manifest.json is not an OpenForge snapshot manifest; pass the URL that "
+                            "`openforge store snapshot --to s3://BUCKET/PREFIX` wrote")
+    _s3_secret(con, settings)
+    return _snapshot_views(con, loc.url, manifest, lambda name: f"{loc.url}/{name}")
+
+
+def _attach(con: duckdb.DuckDBPyConnection, source: str, settings: Settings | None = None) -> str:
     """Attach ``source``; return how a table is named in it (a format string with {table})."""
     path = Path(source).expanduser()
+    if is_url(source):
+        return _attach_s3_snapshot(con, source, settings)
     if "://" not in source:
         if not (path / "manifest.json").is_file():
             raise StoreURLError(f"{source!r} is neither a store URL nor a snapshot folder (no manifest.json there): "
-                                "pass sqlite:///PATH, postgresql+psycopg://..., or a folder written by "
-                                "`openforge store snapshot --out DIR`")
+                                "pass sqlite:///PATH, postgresql+psycopg://..., a folder written by "
+                                "`openforge store snapshot --out DIR` or an s3:// URL written by "
+                                "`openforge store snapshot --to`")
         manifest = json.loads((path / "manifest.json").read_text())
-        files = {t: str(path / info["file"]) for t, info in manifest["tables"].items()}
-        missing = [t.name for t in schema.Base.metadata.sorted_tables if t.name != "ingest_counter" and t.name not in files]
-        if missing:
-            raise SchemaMismatch(f"snapshot {source} lacks tables {missing}: it was written by an older OpenForge; "
-                                 "write a new one with `openforge store snapshot`")
-        con.execute("CREATE SCHEMA src")
-        for t, f in files.items():
-            con.execute(f"CREATE VIEW src.\"{t}\" AS SELECT * FROM read_parquet('{f.replace(chr(39), chr(39) * 2)}')")
-        return "src.\"{table}\""
+        return _snapshot_views(con, source, manifest, lambda name: str(path / name))
     try:
         url = sa.engine.make_url(source)
     except sa.exc.ArgumentError:
@@ -118,11 +182,12 @@ def _attach(con: duckdb.DuckDBPyConnection, source: str) -> str:
     return "src.\"{table}\""
 
 
-def connect(source: str) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with the store's views (see the module docstring). ``source``: URL or snapshot folder."""
+def connect(source: str, settings: Settings | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the store's views (see the module docstring). ``source``: a store URL, a snapshot
+    folder or an ``s3://`` snapshot URL (reached with ``settings``' S3 options; default: the environment's)."""
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
-    ref = _attach(con, str(source))
+    ref = _attach(con, str(source), settings)
     try:
         con.execute("CREATE SCHEMA store")
         for table in schema.Base.metadata.sorted_tables:

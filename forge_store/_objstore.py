@@ -177,10 +177,11 @@ class S3Location:
         if isinstance(exc, (oe.NotFoundError, FileNotFoundError)):
             return ObjectNotFound(f"{where} does not exist")
         endpoint = self.settings.s3_endpoint or "AWS S3"
+        atomic = "; a put is atomic, so no object was left under that name" if op in ("writing", "uploading to") else ""
         return ObjectStoreError(
             f"{op} {where} failed: {first}. Check that the object store at {endpoint} is reachable, that the "
             "bucket exists and that the credentials (OPENFORGE_S3_ACCESS_KEY_ID / AWS_ACCESS_KEY_ID) may use it, "
-            "then retry; a put is atomic, so no object was left under that name.")
+            f"then retry{atomic}.")
 
     def put_bytes(self, rel: str, data: bytes, *, create: bool = False) -> bool:
         import obstore

@@ -1,10 +1,12 @@
-"""DuckDB views over the live store (SQLite and PostgreSQL scanners, loaded by file path) and over a snapshot."""
+"""DuckDB views over the live store (SQLite and PostgreSQL scanners, loaded by file path) and over a snapshot, in a
+folder or at an s3:// URL on a real S3-compatible server (SeaweedFS)."""
 
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
-from forge_store import SchemaMismatch, StoreURLError, open_store
+from forge_store import ObjectStoreError, SchemaMismatch, StoreURLError, open_store
 from forge_store._duckdb_views import ANALYSIS_VIEWS, connect
 from forge_store._engine import create_engine
 from forge_store._snapshot import snapshot
@@ -72,3 +74,59 @@ def test_bad_sources_say_what_to_pass(tmp_path):
     sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE x (a)").connection.close()
     with pytest.raises(SchemaMismatch, match="openforge db upgrade"):
         connect(f"sqlite:///{tmp_path / 'other.sqlite'}")
+
+
+def _rows(con, view: str) -> list:
+    return sorted(con.execute(f"SELECT * FROM {view}").fetchall(), key=repr)
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # the source of the snapshot does not matter here
+def test_views_over_an_s3_snapshot_match_the_folder_snapshot(seeded, s3_url, s3_settings, seaweedfs, tmp_path,
+                                                              monkeypatch):
+    url, counts = seeded
+    engine = create_engine(url)
+    snapshot(engine, tmp_path / "snap")
+    snapshot(engine, s3_url, settings=s3_settings)
+    engine.dispose()
+    folder, remote = connect(str(tmp_path / "snap")), connect(s3_url, s3_settings)
+    _check_views(remote, counts)
+    for view in ANALYSIS_VIEWS:
+        assert _rows(remote, view) == _rows(folder, view), view
+    secrets = remote.execute("SELECT type, secret_string FROM duckdb_secrets()").fetchall()
+    assert [t for t, _ in secrets] == ["s3"] and seaweedfs.secret_key not in secrets[0][1]
+
+    from openforge.cli import build_app
+
+    for k, v in {"OPENFORGE_HOME": str(tmp_path / "home"), "OPENFORGE_S3_ENDPOINT": seaweedfs.endpoint,
+                 "AWS_ACCESS_KEY_ID": seaweedfs.access_key, "AWS_SECRET_ACCESS_KEY": seaweedfs.secret_key}.items():
+        monkeypatch.setenv(k, v)
+    query = "SELECT id, status, reward, reward_source FROM rollouts ORDER BY id"
+    app, runner, out = build_app(), CliRunner(), {}
+    for name, source in (("folder", str(tmp_path / "snap")), ("s3", s3_url)):
+        res = runner.invoke(app, ["sql", query, "--store", source, "--csv", str(tmp_path / f"{name}.csv")])
+        assert res.exit_code == 0, res.output
+        out[name] = (tmp_path / f"{name}.csv").read_text()
+    assert out["s3"] == out["folder"] and out["s3"].count("\n") == counts["rollouts"] + 1
+
+    res = runner.invoke(app, ["sql", query, "--store", f"{s3_url}/not-a-snapshot"])
+    said = " ".join(res.output.split())  # rich wraps long lines
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"no {s3_url}/not-a-snapshot/manifest.json" in said and "openforge store snapshot --to" in said
+    assert seaweedfs.secret_key not in res.output
+
+
+def test_bad_s3_snapshots_say_what_to_pass(s3_url, s3_settings, tmp_path):
+    with pytest.raises(StoreURLError, match=r"no snapshot there \(no s3://openforge/.*/manifest.json\).*--to"):
+        connect(s3_url, s3_settings)
+    from forge_store import open_location
+
+    loc = open_location(s3_url, s3_settings)
+    loc.put_bytes("old/manifest.json", b'{"format": "openforge-snapshot", "tables": {"calls": {"file": "c.parquet"}}}')
+    with pytest.raises(SchemaMismatch, match=r"lacks tables \[.*rollouts.*\].*openforge store snapshot"):
+        connect(f"{s3_url}/old", s3_settings)
+    loc.put_bytes("junk/manifest.json", b"not json")
+    with pytest.raises(StoreURLError, match="is not an OpenForge snapshot manifest"):
+        connect(f"{s3_url}/junk", s3_settings)
+    gone = s3_settings.model_copy(update={"s3_endpoint": "http://127.0.0.1:9", "s3_max_retries": 0})
+    with pytest.raises(ObjectStoreError, match=r"reading s3://openforge/.*manifest.json failed.*127.0.0.1:9 is reachable"):
+        connect(s3_url, gone)
