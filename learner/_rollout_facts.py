@@ -83,11 +83,14 @@ def iter_facts(store: Store, *, config: RubricConfig, since: datetime | None = N
                workers: int | None = None) -> Iterator[RolloutFacts]:
     """Facts of every finished rollout (started at or after ``since``; the first ``limit``), in ingest order.
     ``workers``: processes to score batches in (None: up to two, for a store of ``POOL_AFTER_BATCHES`` batches or
-    more; 1: this process). ``progress`` gets the count done after each batch but a last short one."""
+    more; 1: this process, as always in a daemonic one). ``progress`` gets the count done after each batch but a
+    last short one."""
     batches = _batches(store, flt, since, limit, batch_size)
     head = list(itertools.islice(batches, POOL_AFTER_BATCHES))
     if workers is None:
         workers = min(2, os.cpu_count() or 1) if len(head) == POOL_AFTER_BATCHES else 1
+    if multiprocessing.current_process().daemon:  # a daemonic process may not start processes
+        workers = 1
     scored = (_in_pool if workers > 1 else _in_process)(store, itertools.chain(head, batches), config, sources,
                                                            workers)
     done = 0
