@@ -7,8 +7,8 @@ exclusions. Then it times each page's queries (median of --repeat warm runs) and
 object: ``{"calls": ..., "overview_ms": ..., "trajectory_ms": ..., "behaviour_ms": ...}``. With ``--analyze`` it
 also times one ``openforge analyze`` over the whole store (``learner.analyze``: every finished rollout's rubrics)
 and adds ``analyze_s``, ``analyze_cpu_s`` (this process), ``analyze_workers_cpu_s`` (its worker processes),
-``analyze_rollouts``, ``analyze_peak_rss_mb`` and ``analyze_worker_peak_rss_mb`` (the largest worker); ``--url`` measures a store kept by an
-earlier ``--keep`` run instead of building one.
+``analyze_rollouts``, ``analyze_peak_rss_mb`` and ``analyze_worker_peak_rss_mb`` (the largest worker); ``--url``
+measures a store kept by an earlier ``--keep`` run instead of building one.
 
     python bench/dashboard_queries.py [--calls 1000000] [--pg-admin URL] [--keep] [--analyze] [--url URL]
 
