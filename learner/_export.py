@@ -31,6 +31,7 @@ from . import _columns as columns
 from ._export_workers import default_workers, plan_in_workers
 from ._formats import get_exporter
 from ._plan import Exclusion, ExportConfig, ExportError, Planner
+from ._rollout_facts import collector_paused
 from ._run_facts import latest, note_lineage
 
 FORMAT_VERSION = 1
@@ -183,7 +184,9 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
     planner = Planner(store, cfg, wm, on_exclusion, batched=batched)
     lineage: dict[str, set] = {k: set() for k in ("harnesses", "image_digests", "policy_versions",
                                                   "tool_schema_hashes", "verifier_versions", "reward_sources")}
-    with ThreadPoolExecutor(1, thread_name_prefix="openforge-export-write") as io:
+    # the cycle collector paused (workers fork with it paused): an export allocates millions of short-lived,
+    # acyclic containers, and the collections they set off took a fifth of its CPU (7.3 -> 6.0 s, bench store)
+    with collector_paused(), ThreadPoolExecutor(1, thread_name_prefix="openforge-export-write") as io:
         writers = {p: ShardWriter(out, p, s, cfg.format, cfg, io) for p, s in exporter.schemas.items()}
         n = default_workers(planner) if workers is None else max(1, workers)
         if n > 1 and planner.n_runs() > 1:
