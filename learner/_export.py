@@ -45,7 +45,7 @@ class ShardWriter:
     Parquet encoding and compression run on that thread, in order, while the export plans the next rows: pyarrow
     releases the GIL while it writes."""
 
-    PENDING = 2
+    PENDING = 1
 
     def __init__(self, out: Path, prefix: str, schema: pa.Schema, fmt: str, cfg: ExportConfig,
                  io: ThreadPoolExecutor | None = None):
