@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from forge_store import Store, canonical_json
 
 from . import _columns as columns
-from ._export_workers import default_workers, plan_in_workers
+from ._export_workers import default_workers, forkable, plan_in_workers
 from ._formats import get_exporter
 from ._plan import Exclusion, ExportConfig, ExportError, Planner
 from ._rollout_facts import collector_paused
@@ -188,7 +188,8 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
     # acyclic containers, and the collections they set off took a fifth of its CPU (7.3 -> 6.0 s, bench store)
     with collector_paused(), ThreadPoolExecutor(1, thread_name_prefix="openforge-export-write") as io:
         writers = {p: ShardWriter(out, p, s, cfg.format, cfg, io) for p, s in exporter.schemas.items()}
-        n = default_workers(planner) if workers is None else max(1, workers)
+        # asked-for workers too only where a fork is safe (see forkable): elsewhere this process plans alone
+        n = default_workers(planner) if workers is None else max(1, workers) if forkable(planner) else 1
         if n > 1 and planner.n_runs() > 1:
             rows, data_time, exported_rollouts = plan_in_workers(planner, exporter, writers, lineage, n, progress)
         else:

@@ -30,7 +30,7 @@ from . import _columns as columns
 from ._plan import Planner, Tally
 from ._run_facts import latest, note_lineage
 
-# A run this size and larger is worth a worker: below it, starting workers costs more than they save.
+# A store of this many finished rollouts and more is worth workers: below it they cost more than they save.
 MIN_ROLLOUTS = 2_000
 
 
