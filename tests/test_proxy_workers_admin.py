@@ -29,7 +29,8 @@ from rollout import AdminClient
 from tests.netfault import free_port
 from tests.test_proxy_replicas import ADMIN, AUTH, _children, _eventually, _register, _start
 
-SLOW_S = 3.0  # what a call saying "slow" spends in the engine double
+SLOW_S = 8.0  # what a call saying "slow" spends in the engine double: long enough that all 9 are still in flight
+# when the pause, fanned out across workers, reaches them on a loaded machine (3.0 s was not, in CI)
 
 
 def _slow(up) -> None:
