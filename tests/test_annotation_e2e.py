@@ -79,8 +79,9 @@ def test_login_label_and_see_it_in_the_trajectory_view(dashboard, tmp_path):
         _type(page, "Tags (comma-separated)", "needs-review, shell")
         _type(page, "Comment", "listed files twice")
         _click(page, "Save label")
-        text = _wait_for(page, "Saved label")
-        assert "listed files twice" in text
+        # the confirmation; the label list of that same rerun may be drawn before the label is read back (it was,
+        # once in CI, under load): the trajectory view below, a fresh render, and the store show the label
+        _wait_for(page, "Saved label")
         page.call("Page.navigate", url=f"{base}/?page=Trajectories&rollout={ROLLOUT}")
         text = _wait_for(page, "Human labels (1)")
         assert "ann" in text and "needs-review" in text and "listed files twice" in text, text[:3000]
