@@ -31,9 +31,9 @@ from ._rubrics import (
     _norm_args,
     _norm_path,
     _paths_written,
-    _text,
     step_efficiency,
     tool_coverage,
+    tool_results,
 )
 
 
@@ -133,11 +133,7 @@ class RubricCache:
         """``rollout_rubrics(calls, task_metadata=..., config=..., rollout_id=...)``, by the cached verdicts."""
         meta = task_metadata or {}
         ordered = sorted(calls, key=lambda c: (c.seq, c.id))
-        results: dict[str, str] = {}
-        for c in ordered:
-            for m in c.messages:
-                if m.get("role") == "tool" and m.get("tool_call_id") is not None:
-                    results.setdefault(str(m["tool_call_id"]), _text(m.get("content")))
+        results = tool_results(ordered)
         steps: list[tuple[_Call, bool, bool]] = []  # (call, has a result, failed)
         for c in ordered:
             tcs = _assistant_tool_calls(c)

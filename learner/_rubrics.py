@@ -187,15 +187,21 @@ def _check_format(name: str, raw, declared: dict | None) -> tuple[dict | None, s
     return args, None
 
 
-def tool_steps(calls: Sequence[StoredCall | CallSummary], config: RubricConfig | None = None) -> list[ToolStep]:
-    """The rollout's tool calls in order, each with its format verdict and its result."""
-    config = config or RubricConfig()
-    ordered = sorted(calls, key=lambda c: (c.seq, c.id))
+def tool_results(ordered: Sequence[StoredCall | CallSummary]) -> dict[str, str]:
+    """tool_call_id -> the text of its result: the first ``role: "tool"`` message answering it, in call order."""
     results: dict[str, str] = {}
     for c in ordered:
         for m in c.messages:
             if m.get("role") == "tool" and m.get("tool_call_id") is not None:
                 results.setdefault(str(m["tool_call_id"]), _text(m.get("content")))
+    return results
+
+
+def tool_steps(calls: Sequence[StoredCall | CallSummary], config: RubricConfig | None = None) -> list[ToolStep]:
+    """The rollout's tool calls in order, each with its format verdict and its result."""
+    config = config or RubricConfig()
+    ordered = sorted(calls, key=lambda c: (c.seq, c.id))
+    results = tool_results(ordered)
     steps: list[ToolStep] = []
     declared_of: dict[int, dict | None] = {}  # calls of a rollout share one decoded tool list per schema
     for c in ordered:
