@@ -46,11 +46,18 @@ class StoreReads:
         with self.engine.connect() as conn:
             yield from reads.iter_rollouts(conn, flt, as_of)
 
-    def rollout_index(self, *, as_of: int | None = None) -> Iterator[tuple[str, str | None, bool]]:
-        """(id, group_id, finished) of every rollout as of the watermark, in ingest order: ``iter_rollouts`` less
-        everything but those three, for readers that walk a whole store and read records run by run."""
+    def group_index(self, *, as_of: int | None = None) -> Iterator[tuple[str | None, str | None, int, int]]:
+        """(group id, rollout id, finished, rollouts) as of the watermark: a row per group (rollout id None) and
+        a row per rollout without a group (group id None), with how many of its rollouts had finished and how
+        many there were; for readers that walk a whole store group by group and read the records run by run
+        (``group_rollouts``, ``rollouts``) without holding a row per rollout."""
         with self.engine.connect() as conn:
-            yield from reads.rollout_index(conn, as_of)
+            yield from reads.group_index(conn, as_of)
+
+    def group_rollouts(self, group_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, list[RolloutInfo]]:
+        """Group id -> its rollouts (as ``rollout`` reads them), in id order, for many groups at once."""
+        with self.engine.connect() as conn:
+            return reads.group_rollouts(conn, group_ids, as_of)
 
     def calls(self, rollout_id: str, *, as_of: int | None = None, damage: dict | None = None) -> list[StoredCall]:
         """A rollout's calls in order, prompts and token ids resolved. A call the store cannot give back (the
@@ -128,10 +135,11 @@ class StoreReads:
         with self.engine.connect() as conn:
             return reads.events(conn, rollout_id, as_of)
 
-    def lineage(self, kind: str, *, as_of: int | None = None) -> list[dict]:
-        """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order)."""
+    def lineage(self, kind: str, *, as_of: int | None = None, ids: Sequence[str] | None = None) -> list[dict]:
+        """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order); with
+        ``ids``, only the rows of those ids (one query however many: an export reads a run's groups so)."""
         with self.engine.connect() as conn:
-            return reads.lineage(conn, kind, as_of)
+            return reads.lineage(conn, kind, as_of, ids)
 
     def trajectory(self, rollout_id: str, *, as_of: int | None = None) -> Trajectory:
         with self.engine.connect() as conn:

@@ -37,8 +37,9 @@ rollout whose calls are all excluded still counts in its group's GRPO statistics
 sample of the policy. A rollout without a group is a group of its own (target size 1).
 
 A rollout's reward is the one that counts by the store's rule (``Store.latest_rewards``: its latest from
-``reward_sources``). The planner keeps only each finished rollout's id and group across the store; rollouts,
-rewards and calls are read for runs of groups at once (``Store.rollouts``, ``Store.latest_rewards``, and
+``reward_sources``). Of the whole store the planner keeps only each group's number of finished rollouts
+(``Store.group_index``: one aggregate query, no row per rollout); rollouts, group rows, rewards and calls are read
+for runs of groups at once (``Store.group_rollouts``, ``Store.lineage(ids=)``, ``Store.latest_rewards``, and
 ``Store.token_calls`` for a token-level format: token arrays as bytes, reconstructed by
 :func:`learner._reconstruct.reconstruct_tokens`; ``Store.calls_by_rollout`` for SFT, or with ``batched=False``,
 the reference path the batched one is tested against), so memory is bounded by a run.
@@ -102,9 +103,9 @@ class Tally:
 
 RUN_ROLLOUTS = 256  # rollouts read and planned together (a run of whole groups): one query each per run
 Screen = tuple[dict[str, tuple[str, dict]], list[RolloutInfo], dict[str, dict]]
-# a run of groups as read: (groups, rewards, screens, calls, damage)
-_Run = tuple[dict[str, list[RolloutInfo]], dict[str, RewardInfo], dict[str, Screen], dict[str, list[AnyCall]],
-             dict[str, list[dict]]]
+# a run of groups as read: (groups, their group rows, rewards, screens, calls, damage)
+_Run = tuple[dict[str, list[RolloutInfo]], dict[str, dict], dict[str, RewardInfo], dict[str, Screen],
+             dict[str, list[AnyCall]], dict[str, list[dict]]]
 
 
 class Planner:
@@ -130,17 +131,26 @@ class Planner:
         if cfg.current_policy and cfg.current_policy not in self.order:
             raise ValueError(f"--current-policy {cfg.current_policy!r} is not a policy version in the store as of "
                              f"watermark {watermark}; known: {', '.join(sorted(self.order)) or '(none)'}")
-        self.groups = {g["id"]: g for g in store.lineage("rollout_groups", as_of=watermark)}
         self.tasks = {t["id"]: t for t in store.lineage("tasks", as_of=watermark)}
         self.harnesses = {h["id"]: h for h in store.lineage("harnesses", as_of=watermark)}
-        self.buckets: dict[str, list[str]] = defaultdict(list)  # group key -> its finished rollouts' ids
-        for rid, group_id, finished in store.rollout_index(as_of=watermark):
-            self.tally.rollouts_seen += 1
+        # what the planner keeps of the whole store: each group key's number of finished rollouts (a rollout
+        # without a group is a group of its own, keyed "~<id>"), never a row per rollout; a run reads its groups'
+        # rollouts and group rows when it comes (memory bounded by a run, not by the store)
+        self.sizes: dict[str, int] = defaultdict(int)
+        self.named: set[str] = set()  # keys of rollout groups (the rest are single rollouts)
+        self.loose: dict[str, str] = {}  # "~<id>" -> the rollout id of a rollout without a group
+        for group_id, rid, finished, seen in store.group_index(as_of=watermark):
+            self.tally.rollouts_seen += seen
+            self.tally.unfinished += seen - finished
             if not finished:
-                self.tally.unfinished += 1
                 continue
-            self.buckets[group_id or f"~{rid}"].append(rid)
-        self.total = sum(len(v) for v in self.buckets.values())
+            key = group_id if rid is None else f"~{rid}"
+            self.sizes[key] += finished
+            if rid is None:
+                self.named.add(key)
+            else:
+                self.loose[key] = rid
+        self.total = sum(self.sizes.values())
         if self.pred is not None and self.token_level and not cfg.allow_partial_groups:
             self._refuse_split_groups()
 
@@ -148,7 +158,8 @@ class Planner:
         self.tally.exclusions[reason] += 1
         self.on_exclusion(Exclusion(reason, rollout_id, call_id, detail))
 
-    def _rollout_rule(self, info: RolloutInfo, reward: RewardInfo | None) -> tuple[str, dict] | None:
+    def _rollout_rule(self, info: RolloutInfo, reward: RewardInfo | None,
+                      groups: dict[str, dict]) -> tuple[str, dict] | None:
         """Rules 0-4 of the module docstring: facts that keep a rollout out of its group's statistics."""
         cfg = self.cfg
         purpose = rollout_purpose(info)
@@ -165,18 +176,18 @@ class Planner:
             return "no_reward", {"outcome": "cancelled", "rule": "cancelled rollouts are never graded"}
         if reward is None and self.token_level:
             return "no_reward", {"reward_sources": list(cfg.reward_sources) if cfg.reward_sources else None}
-        if info.group_id is not None and info.group_id not in self.groups:
+        if info.group_id is not None and info.group_id not in groups:
             return "missing_data", {"group_id": info.group_id, "rule": "the rollout's group row is not in the store"}
         if info.outcome == "policy_timeout" and not cfg.train_policy_timeouts:
             return "filtered", {"rule": "policy_timeout rollouts are configured off"}
         return None
 
-    def _screen(self, members: list[RolloutInfo], rewards: dict[str, RewardInfo]) -> Screen:
+    def _screen(self, members: list[RolloutInfo], rewards: dict[str, RewardInfo], groups: dict[str, dict]) -> Screen:
         """(rollout id -> its rule 0-4 exclusion; the group's other rollouts; rollout id -> why --group-where or
         --where filters it)."""
         rules, candidates, filtered = {}, [], {}
         for info in members:
-            rule = self._rollout_rule(info, rewards.get(info.id))
+            rule = self._rollout_rule(info, rewards.get(info.id), groups)
             if rule:
                 rules[info.id] = rule
             else:
@@ -202,11 +213,11 @@ class Planner:
         """ExportError when ``--where`` keeps part of a group in a GRPO format, before anything is written."""
         splits: list[tuple[str, int, int]] = []
         for chunk in self._chunks():
-            groups = self._read_groups(chunk)
+            groups, rows = self._read_groups(chunk)
             ids = [i.id for members in groups.values() for i in members]
             rewards = self.store.latest_rewards(ids, sources=self.cfg.reward_sources, as_of=self.wm)
             for key, members in groups.items():
-                _, candidates, filtered = self._screen(members, rewards)
+                _, candidates, filtered = self._screen(members, rewards, rows)
                 if 0 < len(filtered) < len(candidates):
                     splits.append((key, len(filtered), len(candidates)))
         if not splits:
@@ -246,10 +257,10 @@ class Planner:
             item = next(mine, None)
             ahead = reader.submit(self._read, item[1] if item else None)
             while item is not None:
-                groups, rewards, screens, calls, damage = ahead.result()
+                groups, rows, rewards, screens, calls, damage = ahead.result()
                 following = next(mine, None)
                 ahead = reader.submit(self._read, following[1] if following else None)
-                plans = [self._group(key, members, rewards, screens[key], calls, damage)
+                plans = [self._group(key, members, rows.get(key), rewards, screens[key], calls, damage)
                          for key, members in groups.items()]
                 yield item[0], [p for p in plans if p is not None]
                 item = following
@@ -262,33 +273,43 @@ class Planner:
         exclusions are still recorded in order by the planning thread."""
         if chunk is None:
             return None
-        groups = self._read_groups(chunk)
+        groups, rows = self._read_groups(chunk)
         infos = [info for members in groups.values() for info in members]
         rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
-        screens = {key: self._screen(members, rewards) for key, members in groups.items()}
+        screens = {key: self._screen(members, rewards, rows) for key, members in groups.items()}
         stats_only = self.partial and self.cfg.max_policy_lag is not None  # filtered ones need calls: staleness
         wanted = [i.id for _, candidates, filtered in screens.values() for i in candidates
                   if i.id not in filtered or stats_only]
         damage: dict[str, list[dict]] = {}
         read = self.store.token_calls if self.token_reads else self.store.calls_by_rollout
-        return groups, rewards, screens, read(wanted, as_of=self.wm, damage=damage), damage
+        return groups, rows, rewards, screens, read(wanted, as_of=self.wm, damage=damage), damage
 
-    def _read_groups(self, chunk: list[str]) -> dict[str, list[RolloutInfo]]:
-        """Group key -> its finished rollouts (ordered by id), read for a run of groups at once."""
-        infos = self.store.rollouts([rid for key in chunk for rid in self.buckets[key]], as_of=self.wm)
-        return {key: [infos[rid] for rid in sorted(self.buckets[key])] for key in chunk}
+    def _read_groups(self, chunk: list[str]) -> tuple[dict[str, list[RolloutInfo]], dict[str, dict]]:
+        """(group key -> its finished rollouts (ordered by id), group id -> its group row), read for a run of
+        groups at once."""
+        by_group = self.store.group_rollouts([k for k in chunk if k in self.named], as_of=self.wm)
+        single = self.store.rollouts([self.loose[k] for k in chunk if k in self.loose], as_of=self.wm)
+        out = {}
+        for key in chunk:
+            infos = [i for i in by_group.get(key, ()) if i.status == "finished"]
+            if key in self.loose and key[1:] in single and single[key[1:]].status == "finished":
+                infos = sorted(infos + [single[key[1:]]], key=lambda i: i.id)
+            out[key] = infos
+        named = {i.group_id for infos in out.values() for i in infos if i.group_id is not None}
+        groups = {g["id"]: g for g in self.store.lineage("rollout_groups", as_of=self.wm, ids=sorted(named))}
+        return out, groups
 
     def _chunks(self) -> Iterator[list[str]]:
         """Group keys in order, in runs of about ``batch_rollouts`` rollouts (a group is never split): the store
         reads the rewards and calls of a run in one query each, and only one run's calls are in memory."""
         chunk: list[str] = []
         n = 0
-        for key in sorted(self.buckets):
-            if chunk and n + len(self.buckets[key]) > self.batch_rollouts:
+        for key in sorted(self.sizes):
+            if chunk and n + self.sizes[key] > self.batch_rollouts:
                 yield chunk
                 chunk, n = [], 0
             chunk.append(key)
-            n += len(self.buckets[key])
+            n += self.sizes[key]
         if chunk:
             yield chunk
 
@@ -325,10 +346,9 @@ class Planner:
             shown.append(rp)
         return scored, shown
 
-    def _group(self, key: str, infos: list[RolloutInfo], rewards: dict[str, RewardInfo], screen: Screen,
-               calls_of: dict[str, list[AnyCall]], damage: dict[str, list[dict]]) -> GroupPlan | None:
+    def _group(self, key: str, infos: list[RolloutInfo], group: dict | None, rewards: dict[str, RewardInfo],
+               screen: Screen, calls_of: dict[str, list[AnyCall]], damage: dict[str, list[dict]]) -> GroupPlan | None:
         cfg = self.cfg
-        group = self.groups.get(key)
         scored, shown = self._members(infos, rewards, screen, calls_of)
         if not shown:
             return None

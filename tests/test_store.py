@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
 import sqlalchemy as sa
 
@@ -442,16 +444,31 @@ def test_nan_and_infinity_in_json_fields_are_stored_and_snapshotted(store, tmp_p
         "wall_s": float("inf")}
 
 
-def test_rollout_index_is_iter_rollouts_in_three_columns(store):
+def test_group_index_counts_what_iter_rollouts_reads(store):
+    store.register_task("t1")
+    store.create_group("g1", task_id="t1", target_size=2)
     store.start_rollout("r1", task_id="t1", group_id="g1")
     store.start_rollout("r2", task_id="t1")
+    store.start_rollout("r4", task_id="t1", group_id="")  # an empty group id: no group, as the planner reads it
     store.finish_rollout("r1", "success")
     store.flush()
     wm = store.watermark()
     store.start_rollout("r3", task_id="t1", group_id="g1")
     store.finish_rollout("r2", "failure")  # after the watermark: not finished as of it
+    store.finish_rollout("r4", "failure")
     store.flush()
     for as_of in (None, wm):
-        assert list(store.rollout_index(as_of=as_of)) == [
-            (r.id, r.group_id, r.status == "finished") for r in store.iter_rollouts(as_of=as_of)]
-    assert list(store.rollout_index(as_of=wm)) == [("r1", "g1", True), ("r2", None, False)]
+        expected = defaultdict(lambda: [0, 0])
+        for r in store.iter_rollouts(as_of=as_of):
+            key = (r.group_id, None) if r.group_id else (None, r.id)
+            expected[key][0] += r.status == "finished"
+            expected[key][1] += 1
+        assert sorted(store.group_index(as_of=as_of), key=repr) == sorted(
+            ((g, rid, n, seen) for (g, rid), (n, seen) in expected.items()), key=repr)
+    assert sorted(store.group_index(as_of=wm), key=repr) == [
+        ("g1", None, 1, 1), (None, "r2", 0, 1), (None, "r4", 0, 1)]
+    assert {g: [i.id for i in infos] for g, infos in store.group_rollouts(["g1", "nope"]).items()} == {
+        "g1": ["r1", "r3"]}
+    assert [i.status for i in store.group_rollouts(["g1"], as_of=wm)["g1"]] == ["finished"]
+    assert [g["id"] for g in store.lineage("rollout_groups", ids=["g1", "g9"])] == ["g1"]
+    assert store.lineage("rollout_groups", ids=[]) == []
