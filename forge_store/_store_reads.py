@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 import sqlalchemy as sa
 
+from . import _group_reads as group_reads
 from . import _reads as reads
 from . import _replica_reads as replica_reads
 from . import _schema as schema
@@ -52,12 +53,12 @@ class StoreReads:
         many there were; for readers that walk a whole store group by group and read the records run by run
         (``group_rollouts``, ``rollouts``) without holding a row per rollout."""
         with self.engine.connect() as conn:
-            yield from reads.group_index(conn, as_of)
+            yield from group_reads.group_index(conn, as_of)
 
     def group_rollouts(self, group_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, list[RolloutInfo]]:
         """Group id -> its rollouts (as ``rollout`` reads them), in id order, for many groups at once."""
         with self.engine.connect() as conn:
-            return reads.group_rollouts(conn, group_ids, as_of)
+            return group_reads.group_rollouts(conn, group_ids, as_of)
 
     def calls(self, rollout_id: str, *, as_of: int | None = None, damage: dict | None = None) -> list[StoredCall]:
         """A rollout's calls in order, prompts and token ids resolved. A call the store cannot give back (the

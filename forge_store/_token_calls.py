@@ -114,10 +114,11 @@ def token_calls(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | No
         found_rows = driver_rows(conn, _query(pg, as_of, _CALLS_SQL), params)  # tuples: see _COLUMNS
         rows = {r[0]: r for r in (found_rows if pg else _by_id(found_rows))}
         bad: dict[str, str] = {}
-        full_ids = _forward(rows, bad)
-        missing = {r[0] for r in driver_rows(conn, _query(pg, as_of, _MISSING_SQL), params)}
+        full_ids = _forward(rows, bad)  # call id -> (full ids, completion ids)
+        missing = _missing_bodies(conn, rows, pg)
         prompts: dict[str, list[str]] = {}
-        if full_ids is None or missing:  # a base after its call, or a message body gone: the general resolver
+        resolved = full_ids is not None and not missing
+        if not resolved:  # a base after its call, or a message body gone: the general resolver
             bad = {}
             prompts, full_ids = reads.resolve_deltas({cid: _record(r, pg) for cid, r in rows.items()}, bad)
             for cid in rows:
@@ -128,10 +129,11 @@ def token_calls(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | No
              n_prompt, completion, logprobs, ingest) in rows.values():
             if cid in bad:
                 continue
+            full, completion = full_ids[cid] if resolved else (full_ids[cid], _completion_raw(completion))
             out[rid].append(TokenCall(
                 cid, rid, seq, schema_hash, finish, bool(exact), error, status, policy,
                 None if images is None else json_value(images, pg), None if meta is None else json_value(meta, pg),
-                full_ids[cid], n_prompt or 0, _completion_raw(completion), _logprobs_raw(logprobs), ingest))
+                full, n_prompt or 0, completion, _logprobs_raw(logprobs), ingest))
         firsts = [c for rid in part for c in out[rid][:1]]
         _first_prompts(conn, firsts, {c.id: prompts[c.id] if c.id in prompts else _prompt_of(c.id, rows, pg)
                                       for c in firsts})
@@ -144,14 +146,15 @@ def token_calls(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | No
 
 
 _CALLS_SQL = ("SELECT id, rollout_id, seq, tool_schema_hash, finish_reason, token_exact, error_class, upstream_status, "
-              "policy_version_id, CAST(image_hashes AS TEXT) AS image_hashes, CAST(metadata AS TEXT) AS metadata, "
+              "policy_version_id, NULLIF(CAST(image_hashes AS TEXT), 'null') AS image_hashes, "
+              "NULLIF(CAST(metadata AS TEXT), 'null') AS metadata, "
               "prompt_base_call_id, prompt_base_len, CAST(prompt_tail AS TEXT) AS prompt_tail, "
               "prompt_ids_base_call_id, prompt_ids_prefix_len, prompt_ids_tail, n_prompt_tokens, completion_ids, "
               "completion_logprobs, ingest_seq FROM calls WHERE {ids} {wm} ORDER BY {order}")
-# The hashes named in the chunk's prompt tails whose body is not in the messages table (almost always none): the
-# database checks its index instead of Python checking every hash.
-_MISSING_SQL = ("SELECT DISTINCT j.value FROM calls, {each} WHERE {ids} {wm} AND NOT EXISTS "
-                "(SELECT 1 FROM messages WHERE messages.sha256 = j.value)")
+
+# Which of a chunk's message hashes have a body (one indexed probe each, however many calls name them)
+_PRESENT_SQL = {False: "SELECT sha256 FROM messages WHERE sha256 IN (SELECT value FROM json_each(:h))",
+                True: "SELECT sha256 FROM messages WHERE sha256 = ANY(:h)"}
 
 
 def _query(pg: bool, as_of: int | None, sql: str) -> str:
@@ -162,10 +165,35 @@ def _query(pg: bool, as_of: int | None, sql: str) -> str:
         # "+ 0" on PostgreSQL: the watermark must not pick the ingest_seq index (right after a bulk load, before
         # ANALYZE, the planner took it and scanned every call of the store for each run: 166 ms instead of 7)
         wm="" if as_of is None else "AND calls.ingest_seq + 0 <= :wm" if pg else "AND calls.ingest_seq <= :wm",
-        each="jsonb_array_elements_text(calls.prompt_tail) AS j(value)" if pg else "json_each(calls.prompt_tail) AS j",
         # SQLite reads (rollout_id, seq) in its index's order, but "id" on top made it sort every row, token
         # arrays and all, in a temporary B-tree (half the query's time): equal seqs are put in id order by _by_id
         order="rollout_id, seq, id" if pg else "rollout_id, seq")
+
+
+def _missing_bodies(conn: sa.Connection, rows: dict, pg: bool) -> set[str]:
+    """The message hashes named in the rows' prompt tails whose body is not in the messages table (almost always
+    none). The tails come with the rows; the database is asked once which of their distinct hashes it holds. (A
+    query of its own that took every tail apart with ``json_each`` cost a fifth of the read on SQLite; on
+    PostgreSQL it hash-joined the whole messages table, 90 ms a run.)"""
+    named: set[str] = set()
+    for r in rows.values():
+        tail = r[13]
+        if tail and tail != "[]":
+            named.update(json_value(tail, pg))
+    if not named:
+        return set()
+    wanted = list(named)
+    present = {h for (h,) in driver_rows(conn, _PRESENT_SQL[pg], {"h": wanted if pg else _json_text(wanted)})}
+    return named - present
+
+
+def _json_text(values: list) -> str:
+    """``values`` as JSON text for SQLite's ``json_each`` (orjson: ``json.dumps`` of a run's hashes cost as much as
+    the probes; a bytes parameter would be bound as a BLOB, which SQLite reads as JSONB)."""
+    try:
+        return orjson.dumps(values).decode()
+    except TypeError:  # a value orjson does not write (a str subclass...): the json module does
+        return json.dumps(values)
 
 
 def _by_id(rows: list[tuple]) -> list[tuple]:
@@ -176,28 +204,31 @@ def _by_id(rows: list[tuple]) -> list[tuple]:
     return sorted(rows, key=lambda r: (r[1], r[2], r[0]))
 
 
-def _forward(rows: dict, bad: dict[str, str]) -> dict[str, bytes | None] | None:
-    """Every call's full token ids (prompt + completion, raw) in one pass in row order, each delta on a call already
-    resolved; the calls whose delta cannot be resolved go into ``bad`` with ``resolve_deltas``'s reasons. None when
-    a delta's base comes after its call (then the general resolver takes the chunk)."""
-    full: dict[str, bytes | None] = {}
+def _forward(rows: dict, bad: dict[str, str]) -> dict[str, tuple[bytes | None, bytes | None]] | None:
+    """Every call's (full token ids: prompt + completion, its completion ids), raw, in one pass in row order, each
+    delta on a call already resolved; the calls whose delta cannot be resolved go into ``bad`` with
+    ``resolve_deltas``'s reasons. None when a delta's base comes after its call (then the general resolver takes
+    the chunk)."""
+    out: dict[str, tuple[bytes | None, bytes | None]] = {}
     for cid, r in rows.items():
         prompt_base, ids_base = r[11], r[14]
-        if (prompt_base and prompt_base not in full) or (ids_base and ids_base not in full):
-            why = _unresolved(rows, full, bad, prompt_base, ids_base)
+        if (prompt_base and prompt_base not in out) or (ids_base and ids_base not in out):
+            why = _unresolved(rows, out, bad, prompt_base, ids_base)
             if why is None:
                 return None
             bad[cid] = why
             continue
-        tail = r[16]
+        blob, tail = r[18], r[16]
+        completion = None if blob is None else unpack_ids_raw(blob) if blob else b""
         if tail is None:
-            full[cid] = None
+            out[cid] = (None, completion)
             continue
-        completion = r[18]
-        head = (full[ids_base] or b"")[: r[15] * 4] if ids_base else b""
-        full[cid] = (head + (tail[1:] if tail[:1] == b"I" else unpack_ids_raw(tail))
-                     + (unpack_ids_raw(completion) if completion else b""))
-    return full
+        prompt = tail[1:] if tail[:1] == b"I" else unpack_ids_raw(tail)
+        if ids_base:
+            head = out[ids_base][0]
+            prompt = b"".join((head[: r[15] * 4], prompt)) if head else prompt
+        out[cid] = (b"".join((prompt, completion)) if completion else prompt, completion)
+    return out
 
 
 def _unresolved(rows: dict, full: dict, bad: dict[str, str], prompt_base: str | None, ids_base: str | None):

@@ -10,8 +10,10 @@ one values buffer, a validity bitmap) and gives anything else to ``pa.array``; t
 
 from __future__ import annotations
 
+import operator
 import sys
 from array import array
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +45,14 @@ def column(values: list, t: pa.DataType) -> pa.Array:
     return pa.array(values, type=t)
 
 
+def _nulls(values: list) -> int:
+    """How many of ``values`` are None (by identity: a value's own ``__eq__`` is never asked)."""
+    return sum(map(operator.is_, values, repeat(None)))
+
+
 def _validity(values: list) -> tuple[pa.Buffer | None, int]:
     """The validity bitmap of ``values`` (None when none is None) and how many are None."""
-    nulls = sum(v is None for v in values)
+    nulls = _nulls(values)
     if not nulls:
         return None, 0
     bits = np.packbits(np.fromiter((v is not None for v in values), dtype=bool, count=len(values)),
@@ -54,28 +61,45 @@ def _validity(values: list) -> tuple[pa.Buffer | None, int]:
 
 
 def _strings(values: list, t: pa.DataType) -> pa.Array:
-    if any(v is not None and not isinstance(v, str if pa.types.is_string(t) else bytes) for v in values):
+    """A string (or binary) column: one encode of the whole column where it is ASCII (then a character is a byte
+    and the offsets are the strings' lengths), one encode per value otherwise."""
+    kind = str if pa.types.is_string(t) else bytes
+    nulls = _nulls(values)
+    present = [v for v in values if v is not None] if nulls else values
+    if not set(map(type, present)) <= {kind}:  # a subclass, or not a string at all: pyarrow's own way
         return pa.array(values, type=t)
-    raw = [b"" if v is None else v.encode() if isinstance(v, str) else v for v in values]
-    offsets = array("i", [0])
-    at = 0
-    for r in raw:
-        at += len(r)
-        offsets.append(at)
-    if at >= 2**31:
+    if kind is str:
+        joined = "".join(present)
+        if joined.isascii():
+            raw = joined.encode("ascii")
+        else:
+            present = [v.encode() for v in present]
+            raw = b"".join(present)
+    else:
+        raw = b"".join(present)
+    if len(raw) >= 2**31:
         return pa.array(values, type=t)
-    validity, nulls = _validity(values)
-    return pa.Array.from_buffers(t, len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))],
+    lengths = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    validity = None
+    if nulls:
+        mask = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        spread = np.zeros(len(values), dtype=np.int64)
+        spread[mask] = lengths
+        lengths = spread
+        validity = pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
+    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
+    return pa.Array.from_buffers(t, len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(raw)],
                                  null_count=nulls)
 
 
 def _numbers(values: list, t: pa.DataType) -> pa.Array:
     code = _NUMBERS[t]
-    kind = float if code in "fd" else int
-    if any(v is not None and type(v) is not kind and not (kind is float and type(v) is int) for v in values):
+    kinds = {float, int} if code in "fd" else {int}  # exactly these: a bool or a numpy scalar goes to pyarrow
+    if not set(map(type, values)) <= kinds | {type(None)}:
         return pa.array(values, type=t)
     try:
-        data = array(code, [0 if v is None else v for v in values])
+        data = array(code, [0 if v is None else v for v in values] if _nulls(values) else values)
     except OverflowError:
         return pa.array(values, type=t)  # pyarrow's own error for a value out of range
     validity, nulls = _validity(values)
@@ -111,12 +135,10 @@ def _packed(values: list, t: pa.DataType) -> pa.Array:
     items = pa.Array.from_buffers(vt, len(raw) * 8 // vt.bit_width, [None, pa.py_buffer(raw)])
     if vt == pa.int32() and raw and pc.max(items.view(pa.uint32())).as_py() >= 2**31:
         raise TokenIdTooLarge("a token id is 2**31 or more")
-    offsets = array("i", [0])
-    at = 0
-    for v in values:
-        if v is not None:
-            at += len(v)
-        offsets.append(at)
+    width = vt.bit_width // 8
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter((0 if v is None else len(v.raw) // width for v in values), dtype=np.int64,
+                          count=len(values)), out=offsets[1:], dtype=np.int32)
     validity, nulls = _validity(values)
     return pa.Array.from_buffers(t, len(values), [validity, pa.py_buffer(offsets)], null_count=nulls,
                                      children=[items])

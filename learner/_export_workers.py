@@ -16,7 +16,6 @@ most a row group per shard set, so memory is bounded by the number of workers ti
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import os
 import traceback
@@ -63,6 +62,28 @@ class WorkerFailed(RuntimeError):
     """An export worker stopped with an error; the message holds its traceback."""
 
 
+def _widen(conn) -> None:
+    """The pipe's buffer at the system's most (Linux: ``/proc/sys/fs/pipe-max-size``, 1 MiB by default), where it
+    can be: a run's tables are megabytes, and through the default 64 KiB the two processes took turns at every
+    64 KiB (half the pipe's CPU, bench/export.py). Left as it is anywhere else."""
+    try:
+        import fcntl
+
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        fcntl.fcntl(conn.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _recv_bytes(pipe, index: int) -> bytes:
+    try:
+        return pipe.recv_bytes()
+    except EOFError:
+        raise WorkerFailed(f"export worker ended while sending run {index} (killed, or out of memory?); run the "
+                           "export again, or with --workers 1") from None
+
+
 def _run_tables(planner: Planner, exporter, plans, schemas: dict[str, pa.Schema]) -> tuple[dict, dict, object, int]:
     """One run's rows as IPC-serialised tables of the storage schemas, its lineage, latest end and rollouts."""
     rows: dict[str, list[dict]] = {p: [] for p in schemas}
@@ -77,17 +98,18 @@ def _run_tables(planner: Planner, exporter, plans, schemas: dict[str, pa.Schema]
     tables = {}
     for prefix, batch in rows.items():
         if batch:
-            sink = io.BytesIO()
+            sink = pa.BufferOutputStream()
             table = columns.shard_table(batch, schemas[prefix])
             with pa.ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
-            tables[prefix] = sink.getvalue()
+            tables[prefix] = sink.getvalue()  # a pyarrow Buffer: sent as it is (send_bytes), never pickled
     return tables, lineage, data_time, exported
 
 
 def _work(planner: Planner, exporter, schemas: dict[str, pa.Schema], part: int, parts: int, conn) -> None:
-    """A worker: plan runs ``part`` mod ``parts`` and send each as (index, tables, exclusions, tally, lineage,
-    latest end, rollouts exported, rollouts planned); ("error", traceback) if anything fails."""
+    """A worker: plan runs ``part`` mod ``parts`` and send each as (index, its tables' prefixes, exclusions, tally,
+    lineage, latest end, rollouts exported, rollouts planned), then each table's IPC bytes; ("error", exception,
+    traceback) if anything fails."""
     try:
         # the parent's connections stay the parent's: the worker keeps their pool referenced, so nothing of it is
         # closed or collected here (os._exit at the end runs no finalizer), and opens connections of its own
@@ -98,8 +120,11 @@ def _work(planner: Planner, exporter, schemas: dict[str, pa.Schema], part: int, 
         for index, plans in _tallied(planner, part, parts):
             exporter.n_prompts = 0  # a running index within the run; the parent renumbers
             tables, lineage, data_time, exported = _run_tables(planner, exporter, plans, schemas)
-            conn.send((index, tables, list(found), _counts(planner.tally), lineage, data_time, exported,
+            prefixes = sorted(tables)
+            conn.send((index, prefixes, list(found), _counts(planner.tally), lineage, data_time, exported,
                        sum(len(p.rollouts) for p in plans)))
+            for prefix in prefixes:  # then each table's IPC bytes, unpickled
+                conn.send_bytes(tables[prefix])
             found.clear()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent, which raises
         try:
@@ -129,6 +154,7 @@ def plan_in_workers(planner: Planner, exporter, writers: dict, lineage: dict[str
     try:
         for k in range(workers):
             recv, send = ctx.Pipe(duplex=False)
+            _widen(send)
             proc = ctx.Process(target=_work, args=(planner, exporter, schemas, k, workers, send), daemon=True,
                                name=f"openforge-export-{k}")
             proc.start()
@@ -158,8 +184,9 @@ def _collect(planner: Planner, exporter, writers: dict, lineage: dict[str, set],
             if isinstance(msg[1], Exception):  # the worker's own error (an ExportError says what to fix)
                 raise msg[1] from failed
             raise failed
-        got, tables, found, tally, seen, end, exported, planned = msg
+        got, prefixes, found, tally, seen, end, exported, planned = msg
         assert got == index, f"export worker sent run {got}, expected {index}"
+        tables = {prefix: _recv_bytes(pipes[index % len(pipes)], index) for prefix in prefixes}
         for e in found:  # counted in the run's tally, recorded here
             planner.on_exclusion(e)
         _add_tally(planner.tally, tally)

@@ -23,6 +23,7 @@ placeholder tokens are engine prompt ids like any other; the segment lists the i
 
 from __future__ import annotations
 
+import operator
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -225,21 +226,30 @@ def token_call_problem(call: TokenCall, *, keep_truncated: bool = False) -> Call
     return _problem(call, call.full, call.completion, call.logprobs, 4, keep_truncated)
 
 
+_ORDER = operator.attrgetter("seq", "id")
+
+
 def reconstruct_tokens(calls: Iterable[TokenCall], *, keep_truncated: bool = False) -> Reconstruction:
     """:func:`reconstruct_rollout` over :class:`TokenCall` byte arrays (``Store.token_calls``): the same segments,
     as :class:`TokenSegment`. "Extends" is one ``bytes.startswith`` (a memcmp); no token becomes a Python int."""
-    ordered = sorted(calls, key=lambda c: (c.seq, c.id))
+    ordered = sorted(calls, key=_ORDER)
     segments: list[TokenSegment] = []
     excluded: list[CallExclusion] = []
     merged = 0
     current: _Building | None = None
     current_full = b""
     for call in ordered:
-        problem = token_call_problem(call, keep_truncated=keep_truncated)
-        if problem is not None:
-            excluded.append(problem)
-            continue
-        full, end, completion = call.full, call.n_prompt * 4, call.completion
+        full, completion, meta, status = call.full, call.completion, call.metadata, call.upstream_status
+        # the usual call passes every rule of _problem: checked here at once, the rules one by one otherwise
+        if not (full is not None and completion is not None and call.token_exact and call.error_class is None
+                and (status is None or status < 400) and (keep_truncated or call.finish_reason != "length")
+                and (call.logprobs is None or len(call.logprobs) == len(completion))
+                and (meta is None or not meta.get("logprob_mismatch"))):
+            problem = token_call_problem(call, keep_truncated=keep_truncated)
+            if problem is not None:
+                excluded.append(problem)
+                continue
+        end = call.n_prompt * 4
         if current is not None and len(current_full) <= end and full.startswith(current_full):
             merged += 1
             new = full[len(current_full):end]
