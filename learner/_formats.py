@@ -170,6 +170,8 @@ class VerlExporter:
     @staticmethod
     def _multi_modal(planner: Planner, rp: RolloutPlan, seg) -> dict | None:
         """The segment's last prompt holds every screenshot of the segment (each call extends the previous one)."""
+        if not seg.image_hashes:  # no call of the segment had a screenshot (its hashes are theirs, deduplicated)
+            return None
         last = next((c for c in rp.calls if c.id == seg.call_ids[-1]), None) if seg.call_ids else None
         images = _images(planner, last.image_hashes if last is not None else None)
         return {"images": images} if images else None
