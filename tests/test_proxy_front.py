@@ -274,7 +274,12 @@ def test_a_client_that_stops_reading_holds_back_only_its_own_stream(up, tmp_path
         conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         s.sendall(_request(token, {"model": "m", "messages": USER, "stream": True, "max_tokens": 7000}))
         time.sleep(1.0)
-        assert conn.transport.get_write_buffer_size() < 256 << 10  # held back, not queued
+        # held back, not queued: at most the transport's high-water mark (64 KiB) plus the events of one upstream
+        # read, relayed in one write (asyncio reads up to 256 KiB at once: under load the engine's events pile up
+        # into such reads, 337 KB buffered in one CI run), never the whole answer (over a megabyte); and the call
+        # is not recorded yet, which happens only once the answer has been written out
+        assert conn.transport.get_write_buffer_size() < 512 << 10
+        assert not px.calls("stalled")
         other = px.client(px.register("other")).chat.completions.create(model="m", messages=USER)
         assert other.choices[0].message.content
         s.close()
