@@ -239,17 +239,11 @@ def reconstruct_tokens(calls: Iterable[TokenCall], *, keep_truncated: bool = Fal
     current: _Building | None = None
     current_full = b""
     for call in ordered:
-        full, completion, meta, status = call.full, call.completion, call.metadata, call.upstream_status
-        # the usual call passes every rule of _problem: checked here at once, the rules one by one otherwise
-        if not (full is not None and completion is not None and call.token_exact and call.error_class is None
-                and (status is None or status < 400) and (keep_truncated or call.finish_reason != "length")
-                and (call.logprobs is None or len(call.logprobs) == len(completion))
-                and (meta is None or not meta.get("logprob_mismatch"))):
-            problem = token_call_problem(call, keep_truncated=keep_truncated)
-            if problem is not None:
-                excluded.append(problem)
-                continue
-        end = call.n_prompt * 4
+        problem = token_call_problem(call, keep_truncated=keep_truncated)
+        if problem is not None:
+            excluded.append(problem)
+            continue
+        full, end, completion = call.full, call.n_prompt * 4, call.completion
         if current is not None and len(current_full) <= end and full.startswith(current_full):
             merged += 1
             new = full[len(current_full):end]
