@@ -50,21 +50,29 @@ def _nulls(values: list) -> int:
     return sum(map(operator.is_, values, repeat(None)))
 
 
-def _validity(values: list) -> tuple[pa.Buffer | None, int]:
-    """The validity bitmap of ``values`` (None when none is None) and how many are None."""
+def _present(values: list) -> tuple[np.ndarray | None, int]:
+    """Which of ``values`` are not None (a bool array; None when all are) and how many are None."""
     nulls = _nulls(values)
     if not nulls:
         return None, 0
-    bits = np.packbits(np.fromiter((v is not None for v in values), dtype=bool, count=len(values)),
-                       bitorder="little")
-    return pa.py_buffer(bits.tobytes()), nulls
+    return np.fromiter((v is not None for v in values), dtype=bool, count=len(values)), nulls
+
+
+def _bitmap(mask: np.ndarray | None) -> pa.Buffer | None:
+    return None if mask is None else pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
+
+
+def _validity(values: list) -> tuple[pa.Buffer | None, int]:
+    """The validity bitmap of ``values`` (None when none is None) and how many are None."""
+    mask, nulls = _present(values)
+    return _bitmap(mask), nulls
 
 
 def _strings(values: list, t: pa.DataType) -> pa.Array:
     """A string (or binary) column: one encode of the whole column where it is ASCII (then a character is a byte
     and the offsets are the strings' lengths), one encode per value otherwise."""
     kind = str if pa.types.is_string(t) else bytes
-    nulls = _nulls(values)
+    mask, nulls = _present(values)
     present = [v for v in values if v is not None] if nulls else values
     if not set(map(type, present)) <= {kind}:  # a subclass, or not a string at all: pyarrow's own way
         return pa.array(values, type=t)
@@ -80,16 +88,13 @@ def _strings(values: list, t: pa.DataType) -> pa.Array:
     if len(raw) >= 2**31:
         return pa.array(values, type=t)
     lengths = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    validity = None
-    if nulls:
-        mask = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    if mask is not None:  # a null's length is 0
         spread = np.zeros(len(values), dtype=np.int64)
         spread[mask] = lengths
         lengths = spread
-        validity = pa.py_buffer(np.packbits(mask, bitorder="little").tobytes())
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
-    return pa.Array.from_buffers(t, len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(raw)],
+    return pa.Array.from_buffers(t, len(values), [_bitmap(mask), pa.py_buffer(offsets), pa.py_buffer(raw)],
                                  null_count=nulls)
 
 
@@ -98,11 +103,11 @@ def _numbers(values: list, t: pa.DataType) -> pa.Array:
     kinds = {float, int} if code in "fd" else {int}  # exactly these: a bool or a numpy scalar goes to pyarrow
     if not set(map(type, values)) <= kinds | {type(None)}:
         return pa.array(values, type=t)
+    validity, nulls = _validity(values)
     try:
-        data = array(code, [0 if v is None else v for v in values] if _nulls(values) else values)
+        data = array(code, [0 if v is None else v for v in values] if nulls else values)
     except OverflowError:
         return pa.array(values, type=t)  # pyarrow's own error for a value out of range
-    validity, nulls = _validity(values)
     return pa.Array.from_buffers(t, len(values), [validity, pa.py_buffer(data)], null_count=nulls)
 
 
