@@ -114,22 +114,22 @@ def token_calls(conn: sa.Connection, rollout_ids: Sequence[str], as_of: int | No
         found_rows = driver_rows(conn, _query(pg, as_of, _CALLS_SQL), params)  # tuples: see _COLUMNS
         rows = {r[0]: r for r in (found_rows if pg else _by_id(found_rows))}
         bad: dict[str, str] = {}
-        full_ids = _forward(rows, bad)  # call id -> (full ids, completion ids)
+        ids_of = _forward(rows, bad)  # call id -> (full ids, completion ids)
         missing = _missing_bodies(conn, rows, pg)
         prompts: dict[str, list[str]] = {}
-        resolved = full_ids is not None and not missing
-        if not resolved:  # a base after its call, or a message body gone: the general resolver
+        if ids_of is None or missing:  # a base after its call, or a message body gone: the general resolver
             bad = {}
             prompts, full_ids = reads.resolve_deltas({cid: _record(r, pg) for cid, r in rows.items()}, bad)
+            ids_of = {cid: (full, _completion_raw(rows[cid][18])) for cid, full in full_ids.items()}
             for cid in rows:
                 why = None if cid in bad else reads.missing_message(prompts[cid], _Absent(missing))
                 if why:
                     bad[cid] = why
         for (cid, rid, seq, schema_hash, finish, exact, error, status, policy, images, meta, _, _, _, _, _, _,
-             n_prompt, completion, logprobs, ingest) in rows.values():
+             n_prompt, _, logprobs, ingest) in rows.values():
             if cid in bad:
                 continue
-            full, completion = full_ids[cid] if resolved else (full_ids[cid], _completion_raw(completion))
+            full, completion = ids_of[cid]
             out[rid].append(TokenCall(
                 cid, rid, seq, schema_hash, finish, bool(exact), error, status, policy,
                 None if images is None else json_value(images, pg), None if meta is None else json_value(meta, pg),
@@ -192,7 +192,7 @@ def _json_text(values: list) -> str:
     the probes; a bytes parameter would be bound as a BLOB, which SQLite reads as JSONB)."""
     try:
         return orjson.dumps(values).decode()
-    except TypeError:  # a value orjson does not write (a str subclass...): the json module does
+    except TypeError:  # a damaged tail's value orjson does not write (an integer past 64 bits): the json module does
         return json.dumps(values)
 
 
