@@ -137,7 +137,6 @@ class Planner:
         # without a group is a group of its own, keyed "~<id>"), never a row per rollout; a run reads its groups'
         # rollouts and group rows when it comes (memory bounded by a run, not by the store)
         self.sizes: dict[str, int] = defaultdict(int)
-        self.named: set[str] = set()  # keys of rollout groups (the rest are single rollouts)
         self.loose: dict[str, str] = {}  # "~<id>" -> the rollout id of a rollout without a group
         for group_id, rid, finished, seen in store.group_index(as_of=watermark):
             self.tally.rollouts_seen += seen
@@ -146,9 +145,7 @@ class Planner:
                 continue
             key = group_id if rid is None else f"~{rid}"
             self.sizes[key] += finished
-            if rid is None:
-                self.named.add(key)
-            else:
+            if rid is not None:
                 self.loose[key] = rid
         self.total = sum(self.sizes.values())
         if self.pred is not None and self.token_level and not cfg.allow_partial_groups:
@@ -287,7 +284,7 @@ class Planner:
     def _read_groups(self, chunk: list[str]) -> tuple[dict[str, list[RolloutInfo]], dict[str, dict]]:
         """(group key -> its finished rollouts (ordered by id), group id -> its group row), read for a run of
         groups at once."""
-        by_group = self.store.group_rollouts([k for k in chunk if k in self.named], as_of=self.wm)
+        by_group = self.store.group_rollouts(chunk, as_of=self.wm)  # a "~<id>" key names no group
         single = self.store.rollouts([self.loose[k] for k in chunk if k in self.loose], as_of=self.wm)
         out = {}
         for key in chunk:
@@ -296,7 +293,7 @@ class Planner:
                 infos = sorted(infos + [single[key[1:]]], key=lambda i: i.id)
             out[key] = infos
         named = {i.group_id for infos in out.values() for i in infos if i.group_id is not None}
-        groups = {g["id"]: g for g in self.store.lineage("rollout_groups", as_of=self.wm, ids=sorted(named))}
+        groups = {g["id"]: g for g in self.store.lineage("rollout_groups", as_of=self.wm, ids=list(named))}
         return out, groups
 
     def _chunks(self) -> Iterator[list[str]]:
