@@ -3,6 +3,9 @@
 The SDK-level tests (test_proxy*.py) run through this server already; these cover the wire: pipelining, limits,
 malformed requests, 100-continue, HTTP/1.0, websocket handshakes, a client that stops reading, and stopping with
 calls in flight. The last tests serve the same ``ProxyApp`` on uvicorn: it stays a plain ASGI app.
+
+One job, the wire behaviour of one server, with the raw-socket helpers its tests share; over 400 lines because
+HTTP/1.1 has that many corners. Its limits for untrusted clients have their own file (test_proxy_limits.py).
 """
 
 from __future__ import annotations

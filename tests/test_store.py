@@ -1,4 +1,8 @@
-"""The Store API on real SQLite and real PostgreSQL: idempotency, order, deltas, watermarks, append-only rows."""
+"""The Store API on real SQLite and real PostgreSQL: idempotency, order, deltas, watermarks, append-only rows.
+
+One job, the contract of ``Store``'s own reads and writes, over one fixture (each backend, written directly and
+through the journal); over 400 lines because that contract is wide. Parts with a job of their own have their own
+files (damage: test_store_damage.py, token reads: test_export_batched.py, replicas: test_proxy_replicas.py)."""
 
 from __future__ import annotations
 
