@@ -137,7 +137,7 @@ def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: flo
             try:
                 for line in proc.stderr:
                     tail = (tail + [line])[-60:]
-                    if progress and (line.startswith(("step ", "sft:", "grpo:", "error:"))):
+                    if progress and (line.startswith(("step ", "sft:", "grpo:", "error:", "stopped "))):
                         progress(line.rstrip())
                 rc = proc.wait()
             finally:
@@ -157,13 +157,22 @@ def _policy_id(parent_row: dict, base: Path, algorithm: str, global_step: int, s
 
 def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | None = None, parent: str | None = None,
           algorithm: str | None = None, lr: float | None = None, epochs: int | None = None, steps: int | None = None,
-          batch_size: int | None = None, policy_id: str | None = None, timeout_s: float = 3600,
+          batch_size: int | None = None, max_seconds: float | None = None, precision: str | None = None,
+          optimizer_state: Path | None = None, loss_agg: str | None = None, clip_low: float | None = None,
+          clip_high: float | None = None, lora_rank: int | None = None, seed: int | None = None,
+          policy_id: str | None = None,
+          timeout_s: float = 3600,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
 
     ``algorithm`` ("grpo" / "sft"), when given, must match the shard. ``lr``, ``epochs``, ``steps`` and
     ``batch_size`` default to the step script's (GRPO: lr 1e-5, one step over the whole shard; SFT: lr 1e-4,
-    batch 8, 3 epochs). ``progress`` receives the step's progress lines (the estimate, then one per step)."""
+    batch 8, 3 epochs); ``max_seconds`` ends the update after the step that spends that much training time.
+    ``precision`` is "bf16" (autocast, the default) or "fp32". ``optimizer_state`` is a file AdamW's state is
+    resumed from (when it exists) and saved to, so that a chain of updates keeps one optimizer. ``loss_agg``,
+    ``clip_low`` and ``clip_high`` are veRL's ``loss_agg_mode`` and PPO clip range (GRPO). ``lora_rank`` trains a
+    low-rank adapter on every projection and merges it (no optimizer state then). ``seed`` seeds the
+    shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
     algo = ALGORITHMS[manifest["format"]]
@@ -180,7 +189,10 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     parent_row = _policy(store, parent_id)
     base_dir = _checkpoint(parent_row, base)
     args = ["--algorithm", algo, "--base", str(base_dir), "--out", str(out)]
-    for flag, value in (("--lr", lr), ("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size)):
+    for flag, value in (("--lr", lr), ("--epochs", epochs), ("--steps", steps), ("--batch-size", batch_size),
+                        ("--max-seconds", max_seconds), ("--precision", precision),
+                        ("--optimizer-state", optimizer_state), ("--loss-agg", loss_agg), ("--clip-low", clip_low),
+                        ("--clip-high", clip_high), ("--lora-rank", lora_rank), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
     samples = [{k: r[k] for k in (("messages", "tools") if algo == "sft" else

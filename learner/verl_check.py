@@ -6,6 +6,7 @@ which the veRL venv does not have.
 
     python3.11 learner/verl_check.py setup          # build the venv (idempotent; `make verl-env`)
     <venv>/bin/python learner/verl_check.py compare FILE  # compare FILE's advantages/samples with veRL's
+    <venv>/bin/python learner/verl_check.py policy-loss   # the CPU step's policy loss against veRL's vanilla one
     python3.11 learner/verl_check.py python         # print the venv's python
 
 ``compare`` reads a JSON file written by tests/slow/test_verl_crosscheck.py:
@@ -227,6 +228,71 @@ def compare(path: str) -> int:
     return 0 if report["ok"] else 1
 
 
+def _our_losses():
+    """learner/_step_losses.py loaded by path (the project package is not importable here without its deps)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_step_losses", ROOT / "learner" / "_step_losses.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def policy_loss_check(tol: float = 1e-6) -> int:
+    """The CPU step's policy loss (learner/_step_losses.py) against veRL's ``get_policy_loss_fn("vanilla")`` on the
+    same seeded tensors, for every ``loss_agg_mode``, symmetric and clip-higher ranges, with and without
+    ``rollout_is_weights``: the loss and its gradient with respect to the log-probabilities must agree, and two
+    micro-batches with the mini-batch's totals must add up to the whole mini-batch's loss."""
+    import torch
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import ActorConfig
+
+    ours = _our_losses()
+    verl_loss = get_policy_loss_fn("vanilla")
+    gen = torch.Generator().manual_seed(5)
+    bs, width = 6, 9
+    old = -torch.rand(bs, width, generator=gen, dtype=torch.float64) * 3
+    new = old + (torch.rand(bs, width, generator=gen, dtype=torch.float64) - 0.5) * 0.8   # ratios both sides of clip
+    new[:, :2] = old[:, :2] + 1.5                  # ratio 4.5: past the dual clip (3) where the advantage is negative
+    adv = (torch.randn(bs, 1, generator=gen, dtype=torch.float64) * 1.5).expand(bs, width).contiguous()
+    adv[0], adv[1] = -1.3, 0.9
+    mask = (torch.rand(bs, width, generator=gen) < 0.7).double()
+    mask[2] = 0.0                                   # a sequence with no policy token
+    weights = torch.rand(bs, width, generator=gen, dtype=torch.float64) * 2
+    report = {"ok": True, "cases": []}
+    for mode in ours.LOSS_AGG_MODES:
+        for low, high in ((0.2, 0.2), (0.2, 0.28)):
+            for w in (None, weights):
+                info = {"batch_num_tokens": float(mask.sum()), "global_batch_size": float((mask.sum(-1) > 0).sum()),
+                        "loss_scale_factor": width}
+                cfg = ActorConfig(strategy="fsdp", clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high,
+                                  ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False, rollout_n=4,
+                                  ppo_mini_batch_size=bs)
+                cfg.global_batch_info.update({"dp_size": 1, **info})   # veRL fills it the same way, per step
+                lv = new.clone().requires_grad_(True)
+                loss_v, _ = verl_loss(old, lv, adv, mask, loss_agg_mode=mode, config=cfg, rollout_is_weights=w)
+                loss_v.backward()
+                lo = new.clone().requires_grad_(True)
+                loss_o, _ = ours.policy_loss(torch, old, lo, adv, mask, mode=mode, clip_low=low, clip_high=high,
+                                             clip_c=cfg.clip_ratio_c, rollout_is_weights=w, **info)
+                loss_o.backward()
+                parts = 0.0
+                for rows in (slice(0, 2), slice(2, bs)):   # micro-batches carrying the mini-batch's totals
+                    part, _ = ours.policy_loss(torch, old[rows], new[rows], adv[rows], mask[rows], mode=mode,
+                                               clip_low=low, clip_high=high, rollout_is_weights=None if w is None
+                                               else w[rows], **info)
+                    parts += float(part)
+                entry = {"mode": mode, "clip": [low, high], "weights": w is not None, "verl": float(loss_v),
+                         "ours": float(loss_o), "loss_diff": abs(float(loss_v) - float(loss_o)),
+                         "grad_diff": float((lv.grad - lo.grad).abs().max()),
+                         "micro_diff": abs(parts - float(loss_o))}
+                entry["equal"] = max(entry["loss_diff"], entry["grad_diff"], entry["micro_diff"]) <= tol
+                report["ok"] &= entry["equal"]
+                report["cases"].append(entry)
+    print(json.dumps(report, indent=1))
+    return 0 if report["ok"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["setup"]:
@@ -235,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["compare"] and len(argv) == 2:
         return compare(argv[1])
+    if argv[:1] == ["policy-loss"]:
+        return policy_loss_check()
     if argv[:1] == ["python"]:
         print(VENV / "bin" / "python")
         return 0

@@ -141,3 +141,19 @@ def test_grpo_and_agent_loop_output_match_verl(tmp_path, verl_python):
     alo = report["agent_loop_output"]
     assert alo["rows"] == sum(pq.read_metadata(s).num_rows for s in shards) and not alo["problems"], alo
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_the_cpu_steps_policy_loss_is_verls(verl_python):
+    """learner/_step_losses.py (what ``openforge train`` and the demo's GRPO rounds minimise) equals veRL 0.9.1's
+    ``get_policy_loss_fn("vanilla")`` on the same tensors: loss and gradient, every loss_agg_mode, clip-higher,
+    dual clip, rollout_is_weights, and micro-batches that carry the mini-batch's totals."""
+    proc = subprocess.run([str(verl_python), str(SCRIPT), "policy-loss"], check=False, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.stdout, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    modes = {c["mode"] for c in report["cases"]}
+    assert modes == {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                     "seq-mean-token-sum-norm"} and len(report["cases"]) == 20
+    bad = [c for c in report["cases"] if not c["equal"]]
+    assert report["ok"] and not bad, bad
+    assert len({round(c["verl"], 9) for c in report["cases"]}) > 10   # the cases differ: the check can fail

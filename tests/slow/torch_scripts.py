@@ -4,6 +4,7 @@ venv), each prints one JSON line.
     python torch_scripts.py tiny SRC_MODEL DST          a tiny random Llama with SRC's tokenizer and chat template
     python torch_scripts.py logprobs MODEL CALLS.json   each call's completion logprobs under MODEL (an "engine")
     python torch_scripts.py trl SHARD MODEL WORK        TRL's SFTTrainer on an SFT shard, as it is
+    python torch_scripts.py sample MODEL SPEC.json      completions sampled from MODEL, with ids and logprobs
 """
 
 from __future__ import annotations
@@ -53,6 +54,34 @@ def logprobs(model_dir: str, calls_path: str) -> dict:
     return {"logprobs": out}
 
 
+def sample(model_dir: str, spec_path: str) -> dict:
+    """Completions sampled from MODEL (temperature 1, seeded) for each prompt of SPEC ({"prompts": [messages...],
+    "n": N, "max_new_tokens": M, "tools": [...]}), with their prompt ids, completion ids and logprobs: what an
+    engine would record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = json.loads(Path(spec_path).read_text())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    out = []
+    for messages in spec["prompts"]:
+        prompt = tok.apply_chat_template(messages, tools=spec.get("tools"), add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]
+        for _ in range(spec["n"]):
+            with torch.no_grad():
+                gen = model.generate(torch.tensor([prompt]), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                     max_new_tokens=spec["max_new_tokens"], pad_token_id=tok.eos_token_id)
+            completion = gen[0, len(prompt):].tolist()
+            ids = torch.tensor([prompt + completion])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+            out.append({"prompt_ids": prompt, "completion_ids": completion, "text": tok.decode(completion),
+                        "logprobs": logp.gather(1, ids[0, len(prompt):].unsqueeze(1)).squeeze(1).tolist()})
+    return {"samples": out}
+
+
 def trl(shard: str, model_dir: str, work: str) -> dict:
     import datasets
     import torch
@@ -81,4 +110,4 @@ def trl(shard: str, model_dir: str, work: str) -> dict:
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    print(json.dumps({"tiny": tiny, "logprobs": logprobs, "trl": trl}[cmd](*rest)))
+    print(json.dumps({"tiny": tiny, "logprobs": logprobs, "trl": trl, "sample": sample}[cmd](*rest)))
