@@ -32,13 +32,14 @@ def generate_command(
     train: int = typer.Option(0, "--train", help="Tasks in the train split."),
     heldout: int = typer.Option(0, "--heldout", help="Tasks in the held-out split (disjoint instructions)."),
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives the same bytes."),
-    difficulty: str = typer.Option("1,2,3", "--difficulty", help="Steps per task, cycled evenly, e.g. 1 or 1,2,3."),
+    difficulty: str = typer.Option("", "--difficulty", help="Steps per task, cycled evenly, e.g. 1 or 1,2,3 "
+                                   "(default: the family's own: 1,2,3; plan 3,4)."),
     out: Path = typer.Option(..., "--out", help="Folder to write (created; train/ and heldout/ inside)."),
     json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
     """Write generated task folders into OUT/train and OUT/heldout, with OUT/taskgen.json as the manifest."""
     try:
-        difficulties = tuple(int(x) for x in difficulty.split(",") if x.strip())
+        difficulties = tuple(int(x) for x in difficulty.split(",") if x.strip()) or None
     except ValueError:
         _fail(f"--difficulty {difficulty!r}: pass step counts separated by commas, e.g. 1,2,3")
     try:

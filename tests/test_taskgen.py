@@ -255,7 +255,7 @@ def test_an_existing_folder_is_reused_only_when_identical(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"family": "shell"}, "task family 'shell' is unknown; known families: files"),
+    ({"family": "shell"}, "task family 'shell' is unknown; known families: check, files, plan, recover"),
     ({"train": -1}, "--train -1"),
     ({"train": 0, "heldout": 0}, "nothing to generate"),
     ({"difficulties": (4,)}, "tasks of 1 to 3 steps"),
@@ -269,7 +269,8 @@ def test_bad_requests_say_what_to_do(tmp_path, kwargs, message):
 
 
 def test_families_list_their_templates():
-    assert task_families() == {"files": TEMPLATES}
+    families = task_families()
+    assert list(families) == ["check", "files", "plan", "recover"] and families["files"] == TEMPLATES
 
 
 def test_the_command_generates_and_refuses(tmp_path):

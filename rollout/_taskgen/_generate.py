@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from . import files
+from . import check, files, plans, recover
 from ._render import GENERATOR, render, task_id
 
-FAMILIES: dict[str, ModuleType] = {files.NAME: files}
+FAMILIES: dict[str, ModuleType] = {m.NAME: m for m in (files, check, recover, plans)}
 SPLITS = ("train", "heldout")
 SEED_STRIDE = 100_000
 HELDOUT_ONE_IN = 5
@@ -65,8 +65,11 @@ def split_of(family_name: str, key: tuple) -> str:
     return "heldout" if int.from_bytes(digest[:8], "big") % HELDOUT_ONE_IN == 0 else "train"
 
 
-def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=(1, 2, 3)) -> Plan:
+def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=None) -> Plan:
+    """``difficulties`` None: the family's own (``DIFFICULTIES``, else 1, 2, 3)."""
     fam = family(family_name)
+    if difficulties is None:
+        difficulties = getattr(fam, "DIFFICULTIES", (1, 2, 3))
     difficulties = _check(fam, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
     p = Plan(family_name)
     for split, n in zip(SPLITS, (train, heldout)):
@@ -168,7 +171,7 @@ def _describe_conflict(out: Path, existing: dict, wanted: dict) -> str:
 
 
 def generate_tasks(family: str, out: str | Path, *, train: int = 0, heldout: int = 0, seed: int = 0,
-                   difficulties=(1, 2, 3)) -> list[Path]:
+                   difficulties=None) -> list[Path]:
     """Generate ``train`` + ``heldout`` task folders of ``family`` into ``out/train/`` and ``out/heldout/`` (plus
     ``out/taskgen.json``, the generation's manifest); the same arguments always give the same bytes, and a
     folder that already holds exactly them is left alone. Returns the task folders, train first."""

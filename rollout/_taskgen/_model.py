@@ -54,6 +54,9 @@ class Draft:
     steps: list[Step]
     intro: str
     distractors: dict[str, str]
+    # One check over the whole end state instead of the steps' own (whose checks are then empty): the reward is 1
+    # when all its conditions hold, else 0 (the ``plan`` family: only completing every step counts).
+    whole: dict[str, list[dict]] | None = None
 
     @property
     def key(self) -> tuple:

@@ -81,8 +81,9 @@ def render(draft: Draft, *, family: str, seed: int, split: str, answer: str) -> 
                        steps=len(steps), generator=GENERATOR, template="+".join(templates),
                        templates=json.dumps(templates), seed=seed, split=split,
                        agent_timeout=90 * (len(steps) + 1))
-    expected = {"generator": GENERATOR, "guards": _guards(draft),
-                "steps": [{"template": s.template, "checks": s.checks} for s in steps]}
+    scored = [{"template": "+".join(templates), "checks": draft.whole}] if draft.whole else \
+        [{"template": s.template, "checks": s.checks} for s in steps]
+    expected = {"generator": GENERATOR, "guards": _guards(draft), "steps": scored}
     files = {
         "task.toml": toml,
         "instruction.md": draft.instruction + "\n",
