@@ -6,6 +6,7 @@ Everything another part (or the ``openforge`` roof) may use is here; the modules
 
 from ._analysis import SLICES, AnalysisError, analyze, rubric_summary
 from ._analysis_config import RubricConfig, RubricConfigError
+from ._compare import Difference, compare_tasks, compare_versions, mcnemar_exact, version_tasks
 from ._export import ExportError, export, verify
 from ._formats import EXPORTERS, Exporter, get_exporter
 from ._grpo import GrpoConfig, group_advantages, grpo_advantages, policy_lag, policy_order
@@ -13,14 +14,16 @@ from ._lineage import LineageError, policy_lineage
 from ._plan import ExportConfig
 from ._query import QueryError, parse_where
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
-from ._report import print_table
+from ._report import comparison_rows, print_comparison, print_table
 from ._shard import export_to, verify_at
 from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_rubrics, tool_steps, wilson_interval
 from ._train import TrainError, TrainResult, train
 
-__all__ = ["EXPORTERS", "SLICES", "AnalysisError", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
+__all__ = ["AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
            "LineageError", "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError",
-           "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "export", "export_to", "get_exporter",
-           "group_advantages", "grpo_advantages", "parse_where", "pass_at_k", "pass_hat_k", "policy_lineage",
-           "policy_lag", "policy_order", "print_table", "reconstruct", "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps",
-           "train", "verify", "verify_at", "wilson_interval"]
+           "SLICES", "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "compare_tasks",
+           "compare_versions", "comparison_rows", "export", "export_to", "get_exporter", "group_advantages",
+           "grpo_advantages", "mcnemar_exact", "parse_where", "pass_at_k", "pass_hat_k", "policy_lag",
+           "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct", "reconstruct_rollout",
+           "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify", "verify_at", "version_tasks",
+           "wilson_interval"]

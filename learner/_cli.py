@@ -164,10 +164,21 @@ def analyze_command(
                                             "source). A rollout's reward is its latest from these."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Also write every table as CSV into this folder."),
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="Also write every table as Parquet into this folder."),
+    compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="Two policy versions A B: every "
+                                                      "rubric of each on their evaluation rollouts, B - A and its 95% "
+                                                      "interval, paired by task."),
+    purpose: str = typer.Option("eval", "--purpose", help="With --compare: the rollouts compared (eval | train | "
+                                "teacher | any)."),
+    as_json: bool = typer.Option(False, "--json", help="With --compare: print the comparison as JSON."),
 ) -> None:
-    """Behaviour rubrics, pass@k / pass^k, latency, timeout / infra-error / exclusion rates per slice."""
+    """Behaviour rubrics, pass@k / pass^k, latency, timeout / infra-error / exclusion rates per slice; with
+    --compare A B, two versions side by side with paired intervals."""
     from ._analysis import SLICES, AnalysisError, analyze
     from ._analysis_config import RubricConfig, RubricConfigError
+
+    if compare:
+        _compare(store, compare, purpose, tuple(k), tuple(reward_source) or None, as_json)
+        return
 
     if by not in SLICES:
         _fail(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
@@ -206,6 +217,35 @@ def analyze_command(
         _write(report, csv, "csv")
     if parquet:
         _write(report, parquet, "parquet")
+
+
+def _compare(store: str | None, versions: tuple[str, str], purpose: str, ks: tuple[int, ...],
+             sources: tuple[str, ...] | None, as_json: bool) -> None:
+    from ._compare import compare_versions
+    from ._report import print_comparison
+
+    if purpose not in ("eval", "train", "teacher", "any"):
+        _fail(f"--purpose {purpose!r}: compare rollouts of one purpose: eval, train, teacher or any")
+    st = _open(store, read_only=True)
+    try:
+        known = {r["id"] for r in st.lineage("policy_versions")}
+        missing = [v for v in versions if v not in known]
+        if missing:
+            _fail(f"--compare: {', '.join(missing)} is not a policy version in {st.url}; known: "
+                  f"{', '.join(sorted(known)) or '(none)'}")
+        diffs = compare_versions(st, *versions, purpose=None if purpose == "any" else purpose, ks=ks,
+                                 reward_sources=sources)
+    finally:
+        st.close()
+    if not any(d.a is not None or d.b is not None for d in diffs if d.metric == "success_rate"):
+        _fail(f"--compare: neither {versions[0]} nor {versions[1]} has finished {purpose} rollouts in the store; "
+              "evaluate them first (openforge run ... --purpose eval), or pass --purpose any", code=1)
+    if as_json:
+        print(json.dumps({"a": versions[0], "b": versions[1], "purpose": purpose,
+                          "rubrics": [d.as_dict() for d in diffs]}))
+        return
+    print_comparison(console, f"{versions[1]} (B) against {versions[0]} (A), {purpose} rollouts, paired by task "
+                     "(95% bootstrap intervals)", diffs, "A", "B")
 
 
 def lineage_command(

@@ -2,13 +2,17 @@
 
 Tool counts and pass@k are aggregated by the store over the latest rollouts of each side in the window; the rubrics
 that need whole trajectories (format, recovery, self-verification, coverage, efficiency) use a smaller sample and
-the same code as ``openforge analyze``.
+the same code as ``openforge analyze``. For two policy versions the page also shows what changed between them on
+their evaluation rollouts, paired by task with 95% intervals: ``openforge analyze --compare A B``'s table, by the
+same code (``learner.compare_versions``).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+
+from learner import comparison_rows, compare_versions
 
 from .._context import Context
 from .._queries import SIDES, pass_rates, rubric_sample, tool_distribution
@@ -31,6 +35,15 @@ def compare(ctx: Context, side: str, a: str, b: str, *, max_rollouts: int = MAX_
             "rubrics": pd.DataFrame(rubrics)}
 
 
+def paired(ctx: Context, a: str, b: str) -> pd.DataFrame:
+    """Every rubric of two policy versions on their evaluation rollouts, B - A with its 95% interval, paired by
+    task (empty when neither has evaluation rollouts)."""
+    diffs = compare_versions(ctx.store, a, b, purpose="eval", reward_sources=ctx.reward_sources)
+    if not any(d.a is not None or d.b is not None for d in diffs if d.metric == "success_rate"):
+        return pd.DataFrame()
+    return pd.DataFrame(comparison_rows(diffs, "A", "B")).set_index("rubric")
+
+
 def render(ctx: Context) -> None:
     st.header("Behaviour")
     side_label = st.radio("Compare", list(SIDES), horizontal=True, key="side")
@@ -43,6 +56,17 @@ def render(ctx: Context) -> None:
     a = cols[0].selectbox(f"{side_label} A", values, index=0, key="side_a")
     b = cols[1].selectbox(f"{side_label} B", values, index=min(1, len(values) - 1), key="side_b")
     data = compare(ctx, side, a, b)
+    if side == "policy_version_id" and a != b:
+        st.subheader("What changed from A to B: evaluation rollouts, paired by task")
+        table = paired(ctx, a, b)
+        if table.empty:
+            st.info(f"Neither {a} nor {b} has evaluation rollouts (run purpose eval); evaluate them on the same "
+                    "held-out tasks (openforge run TASKS --purpose eval) to compare them task by task.")
+        else:
+            st.dataframe(table, width="stretch")
+            st.caption("B - A with a 95% bootstrap interval over the tasks both were evaluated on (a task's "
+                       "rollouts under A and B resampled together); McNemar's exact p for success. The same "
+                       "table as `openforge analyze --compare A B`.")
     tools = data["tools"]
     if tools.empty:
         st.info("These rollouts made no tool calls in this time window.")
