@@ -1,20 +1,29 @@
-"""Learning curve: does a policy get better from data that went through the store, on this CPU, and how fast?
+"""Learning curve: does GRPO teach beyond imitation on this CPU, over several seeds, and how sure are we?
 
 Runs the learning loop (``openforge demo``: base evaluation, scripted-teacher demonstrations through the proxy, SFT,
-GRPO rounds, each policy version evaluated on held-out generated tasks, every switch done in place behind the
-proxy's fence) in a fresh ``OPENFORGE_HOME`` under a temporary folder, with the loop's progress on stderr.
+GRPO rounds, the final version evaluated, and the control ``sft_extended``: SFT continued on the same
+demonstrations for as many seconds as the GRPO rounds took) once per seed, each in a fresh ``OPENFORGE_HOME`` under
+a temporary folder, with the loop's progress on stderr. Each seed generates its own tasks (families ``files``,
+``check``, ``recover``, ``plan``), so the seeds are independent replications.
 
-Prints a table, then as its LAST line one JSON object with:
-  success_base, success_sft, success_final: held-out success rate of the base, the SFT version and the last version
-  final_minus_base, final_minus_sft (+ _ci95): the differences with Newcombe's 95% interval
-  rounds: GRPO rounds that updated the policy; minutes: wall time of the whole loop (vLLM start included)
-  switch_s_p50: median time of a policy switch (pause, drain, in-place weight load, activate, resume)
-  importance_ratio_mean: mean over GRPO updates of the trainer's / the engine's probability of the sampled tokens on
-    the first batch after each switch (1.0 = the trainer sees exactly what the engine sampled from)
-Targets (issue 19): final - base >= 0.4; importance ratio in [0.99, 1.01]; switch p50 <= 15 s; minutes <= 30.
+Every comparison is **paired by held-out task** (a bootstrap over tasks; pooled: stratified by seed, so each seed
+keeps its weight), read back from each seed's store: ``learner.compare_tasks``, what ``openforge analyze
+--compare`` prints.
 
-Usage: python bench/learning_curve.py [--rounds 2] [--train-tasks 48] [--heldout-tasks 24] [--seed 0] [--keep DIR]
-       [--grpo-lr 2e-5] [--grpo-epochs 1] [--grpo-batch-size N]
+Prints a table per seed and pooled, the targets, then as its LAST line one JSON object: ``{"seeds": [...],
+"pooled": {...}, "targets": {...}}`` where each seed and the pool have
+  success_base, success_sft, success_final, success_sft_extended: held-out success rates
+  final_minus_sft, final_minus_sft_extended, final_minus_base (+ _ci95, paired)
+  heldout_tasks, minutes (per seed: wall time of the whole loop, vLLM start included), grpo_minutes
+  importance_ratio_mean (trainer / engine probability of the sampled tokens, first mini-batch of each update),
+  switch_s_p50, rubrics (SFT -> final: every rubric's two values, difference and paired interval)
+Targets (issue 36): pooled final - SFT >= 0.15 with the interval's lower end above 0; pooled final - SFT extended
+> 0; pooled final - base >= 0.5; minutes <= 30 per seed; importance ratio in [0.99, 1.01]; a rubric other than
+success whose interval excludes 0.
+
+Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0] [--keep DIR] [-- DEMO OPTIONS ...]
+With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
+back instead of re-running them (so seeds can be run one at a time and pooled at the end).
 """
 
 from __future__ import annotations
@@ -29,62 +38,157 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ROLES = ("base", "sft", "final", "sft_extended")
+PAIRS = {"final_minus_sft": ("sft", "final"), "final_minus_sft_extended": ("sft_extended", "final"),
+         "final_minus_base": ("base", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
+
+
+def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:
+    done = home / "demo-result.json"
+    if done.exists():   # a kept seed that already finished (--keep DIR, run again): read back, not re-run
+        print(f"seed {seed}: reusing the finished loop in {home}", file=sys.stderr, flush=True)
+        return json.loads(done.read_text())
+    cmd = [str(Path(sys.executable).parent / "openforge"), "demo", "--seed", str(seed), "--port", "0", *demo_args]
+    env = {**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": os.environ.get("COLUMNS", "160")}
+    print(f"seed {seed}: running {' '.join(cmd[1:])} with OPENFORGE_HOME={home}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"seed {seed}: the loop failed (exit {proc.returncode}); its log is above")
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    done.write_text(json.dumps(doc))
+    return doc
+
+
+def aggregates(seed: int, home: Path, doc: dict) -> dict[str, dict]:
+    """Role -> 's<seed>:<task>' -> the task's rubric aggregate, from this seed's store."""
+    from forge_store import Settings, open_store
+    from learner import version_tasks
+
+    out: dict[str, dict] = {}
+    with open_store(f"sqlite:///{home / 'store.sqlite'}", settings=Settings(home=home)) as store:
+        for role, version in doc["roles"].items():
+            run = doc["eval_runs"].get(version)
+            if run:
+                tasks = version_tasks(store, version, purpose="eval", run_ids=[run])
+                out[role] = {f"s{seed}:{t}": agg for t, agg in tasks.items()}
+    return out
+
+
+def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
+    from learner import compare_tasks
+
+    aggs: dict[str, dict] = {role: {} for role in ROLES}
+    for _, _, a in per_seed:
+        for role, tasks in a.items():
+            aggs[role].update(tasks)
+    stratum = lambda key: key.split(":", 1)[0]  # noqa: E731
+    out: dict = {}
+    for role in ROLES:
+        n = sum(t.n for t in aggs[role].values())
+        out[f"success_{role}"] = sum(t.passed for t in aggs[role].values()) / n if n else None
+    for name, (a, b) in PAIRS.items():
+        if aggs[a] and aggs[b]:
+            d = next(x for x in compare_tasks(aggs[a], aggs[b], n_boot=n_boot, stratum=stratum)
+                     if x.metric == "success_rate")
+            out[name], out[f"{name}_ci95"], out[f"{name}_p"] = d.diff, list(d.ci95) if d.ci95 else None, d.p_value
+        else:
+            out[name], out[f"{name}_ci95"], out[f"{name}_p"] = None, None, None
+    out["rubrics"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot,
+                                                          stratum=stratum)] if aggs["sft"] and aggs["final"] else [])
+    docs = [d for _, d, _ in per_seed]
+    out["heldout_tasks"] = sum(d.get("heldout_tasks") or 0 for d in docs)
+    out["minutes"] = [d["minutes"] for d in docs]
+    ratios = [d["importance_ratio_mean"] for d in docs if d.get("importance_ratio_mean") is not None]
+    out["importance_ratio_mean"] = round(sum(ratios) / len(ratios), 5) if ratios else None
+    switches = sorted(d["switch_s_p50"] for d in docs if d.get("switch_s_p50") is not None)
+    out["switch_s_p50"] = switches[len(switches) // 2] if switches else None
+    return out
+
+
+def seed_row(seed: int, doc: dict) -> dict:
+    keys = [f"success_{r}" for r in ROLES] + [k for name in PAIRS for k in (name, f"{name}_ci95", f"{name}_p")]
+    keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "switch_s_p50", "rounds",
+             "phases_s", "recipe", "notes"]
+    return {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
+
+
+def targets(pool: dict) -> dict:
+    def met(ok) -> str:
+        return "no figure" if ok is None else ("met" if ok else "NOT met")
+
+    fs, ci = pool.get("final_minus_sft"), pool.get("final_minus_sft_ci95")
+    moved = [r["metric"] for r in pool.get("rubrics", []) if not r["metric"].startswith(("success", "pass"))
+             and r["ci95"] and (r["ci95"][0] > 0 or r["ci95"][1] < 0)]
+    ratio = pool.get("importance_ratio_mean")
+    return {
+        "final - SFT >= 0.15, CI lower end > 0": met(None if fs is None else fs >= 0.15 and bool(ci) and ci[0] > 0),
+        "final - SFT extended > 0": met(None if pool.get("final_minus_sft_extended") is None
+                                        else pool["final_minus_sft_extended"] > 0),
+        "final - base >= 0.5": met(None if pool.get("final_minus_base") is None else pool["final_minus_base"] >= 0.5),
+        "minutes <= 30 per seed": met(None if not pool["minutes"] else max(pool["minutes"]) <= 30),
+        "importance ratio in [0.99, 1.01]": met(None if ratio is None else 0.99 <= ratio <= 1.01),
+        "a rubric besides success moves (CI excludes 0)": met(bool(moved)) + (f": {', '.join(moved)}" if moved else ""),
+    }
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:+.3f}" if v < 0 else f"{v:.3f}"
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, float) for x in v):
+        return f"[{v[0]:+.3f}, {v[1]:+.3f}]"
+    return str(v)
+
+
+def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
+    cols = ["success_base", "success_sft", "success_final", "success_sft_extended", "final_minus_sft",
+            "final_minus_sft_ci95", "final_minus_sft_extended", "final_minus_sft_extended_ci95", "final_minus_base",
+            "heldout_tasks", "minutes", "importance_ratio_mean"]
+    width = max(len(c) for c in cols) + 2
+    print("".join(f"{h:<{width}}" for h in ["", *[f"seed {r['seed']}" for r in rows], "pooled"]))
+    for c in cols:
+        print("".join(f"{x:<{width}}" for x in [c, *[_fmt(r.get(c)) for r in rows], _fmt(pool.get(c))]))
+    print("\nrubrics SFT -> final, pooled (paired by task, stratified by seed):")
+    for r in pool.get("rubrics", []):
+        print(f"  {r['metric']:<34} {_fmt(r['a']):>8} -> {_fmt(r['b']):>8}  diff {_fmt(r['diff']):>8}  "
+              f"CI {_fmt(r['ci95'])}")
+    for name, verdict in goals.items():
+        print(f"target {name:<48} {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--train-tasks", type=int, default=48)
-    ap.add_argument("--heldout-tasks", type=int, default=24)
-    ap.add_argument("--tasks-per-round", type=int, default=8)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--grpo-lr", type=float, default=2e-5)
-    ap.add_argument("--grpo-epochs", type=int, default=1)
-    ap.add_argument("--grpo-batch-size", type=int, default=0, help="0: the whole round's shard in one update")
-    ap.add_argument("--port", type=int, default=0, help="vLLM's port (default: a free one)")
-    ap.add_argument("--keep", type=Path, help="keep the store, shards and checkpoints in this folder")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--keep", type=Path, help="keep each seed's store and result under this folder; run again with "
+                    "the same folder and more --seeds, a finished seed is read back, not re-run")
+    ap.add_argument("--n-boot", type=int, default=4000)
+    ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: options for openforge demo")
     args = ap.parse_args(argv)
-    home = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
-    home.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).parent / "openforge"), "demo", "--rounds", str(args.rounds),
-           "--train-tasks", str(args.train_tasks), "--heldout-tasks", str(args.heldout_tasks),
-           "--tasks-per-round", str(args.tasks_per_round), "--group-size", str(args.group_size),
-           "--seed", str(args.seed), "--port", str(args.port), "--grpo-lr", str(args.grpo_lr),
-           "--grpo-epochs", str(args.grpo_epochs)] + (["--grpo-batch-size", str(args.grpo_batch_size)]
-                                                     if args.grpo_batch_size else [])
-    env = {**os.environ, "OPENFORGE_HOME": str(home)}
-    print(f"running {' '.join(cmd[1:])} with OPENFORGE_HOME={home}", file=sys.stderr, flush=True)
+    demo_args = [a for a in args.demo_args if a != "--"]
+    root = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
+    per_seed = []
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            home = root / f"seed{seed}"
+            home.mkdir(parents=True, exist_ok=True)
+            doc = run_seed(seed, home, demo_args)
+            per_seed.append((seed, doc, aggregates(seed, home, doc)))
+            print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
+            # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
+            shutil.rmtree(home / "checkpoints", ignore_errors=True)
+            shutil.rmtree(home / "demo", ignore_errors=True)
+        pool = pooled(per_seed, args.n_boot)
     finally:
         if args.keep is None:
-            shutil.rmtree(home, ignore_errors=True)
-    if proc.returncode != 0:
-        print(f"the loop failed (exit {proc.returncode}); its log is above", file=sys.stderr)
-        return proc.returncode
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    _table(doc)
-    keys = ("success_base", "success_sft", "success_final", "final_minus_base", "final_minus_base_ci95",
-            "final_minus_sft", "final_minus_sft_ci95", "rounds", "minutes", "switch_s_p50", "importance_ratio_mean",
-            "phases_s")
-    print(json.dumps({k: doc.get(k) for k in keys}))
+            shutil.rmtree(root, ignore_errors=True)
+    rows = [seed_row(seed, doc) for seed, doc, _ in per_seed]
+    goals = targets(pool)
+    print_tables(rows, pool, goals)
+    print(json.dumps({"seeds": rows, "pooled": pool, "targets": goals}))
     return 0
-
-
-def _table(doc: dict) -> None:
-    print(f"{'version':<34} {'made by':<14} {'held-out success [95% CI]':<28} {'samples':>8}")
-    for v in doc["versions"]:
-        h = v["heldout"]
-        rate = "-" if h["rate"] is None else f"{h['rate']:.2f} [{h['ci95'][0]:.2f}, {h['ci95'][1]:.2f}] n={h['n']}"
-        print(f"{v['version']:<34} {v['made_by']:<14} {rate:<28} {v['samples'] if v['samples'] is not None else '-':>8}")
-    targets = [("final - base >= 0.4", doc.get("final_minus_base"), lambda x: x >= 0.4),
-               ("importance ratio in [0.99, 1.01]", doc.get("importance_ratio_mean"), lambda x: 0.99 <= x <= 1.01),
-               ("switch p50 <= 15 s", doc.get("switch_s_p50"), lambda x: x <= 15),
-               ("minutes <= 30", doc.get("minutes"), lambda x: x <= 30)]
-    for name, value, ok in targets:
-        verdict = "no figure" if value is None else ("met" if ok(value) else "NOT met")
-        print(f"target {name:<34} {value!s:<10} {verdict}")
 
 
 if __name__ == "__main__":

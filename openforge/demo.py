@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from .loop import FAMILIES
+from .loop_recipe import GrpoRecipe
 from .progress import sigterm_interrupts
 
 
@@ -22,10 +24,14 @@ def demo_command(
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="One recorded round on your task folder(s)."),
     policy: Optional[str] = typer.Option(None, "--policy", help="One recorded round serving this policy version's "
                                          "checkpoint (registered by `openforge train`)."),
-    rounds: int = typer.Option(1, "--rounds", help="GRPO rounds after SFT (the loop); 0 stops after SFT."),
-    train_tasks: int = typer.Option(32, "--train-tasks", help="Generated train tasks (the teacher solves them; GRPO "
-                                    "rounds sample from them)."),
-    heldout_tasks: int = typer.Option(16, "--heldout-tasks", help="Generated held-out tasks every version is "
+    rounds: int = typer.Option(3, "--rounds", help="GRPO rounds after SFT (the loop); 0 stops after SFT."),
+    families: str = typer.Option(",".join(FAMILIES), "--families", help="Generated task families, comma-separated "
+                                 "(openforge tasks families)."),
+    train_tasks: int = typer.Option(96, "--train-tasks", help="Generated train tasks, over the families (GRPO "
+                                    "rounds draw from them)."),
+    demo_tasks: int = typer.Option(48, "--demo-tasks", help="Of the train tasks, how many the teacher "
+                                   "demonstrates (the SFT data)."),
+    heldout_tasks: int = typer.Option(48, "--heldout-tasks", help="Generated held-out tasks every version is "
                                       "evaluated on."),
     tasks_per_round: int = typer.Option(8, "--tasks-per-round", help="Train tasks per GRPO round (one group each)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated tasks."),
@@ -33,14 +39,28 @@ def demo_command(
                                           "demonstrations (default: the scripted engine replaying each task's "
                                           "reference solution)."),
     sft_epochs: int = typer.Option(3, "--sft-epochs", help="Epochs of SFT over the teacher's demonstrations."),
-    grpo_lr: float = typer.Option(2e-5, "--grpo-lr", help="Learning rate of the GRPO updates."),
-    grpo_epochs: int = typer.Option(1, "--grpo-epochs", help="Passes over each round's shard."),
-    grpo_batch_size: Optional[int] = typer.Option(None, "--grpo-batch-size", help="Samples per GRPO update "
-                                                  "(default: the whole round's shard in one update)."),
-    group_size: int = typer.Option(4, "--group-size", help="Rollouts per GRPO group."),
+    grpo_lr: float = typer.Option(GrpoRecipe.lr, "--grpo-lr", help="Learning rate of the GRPO updates."),
+    grpo_epochs: int = typer.Option(GrpoRecipe.epochs, "--grpo-epochs", help="Passes over each round's samples."),
+    grpo_batch_size: int = typer.Option(GrpoRecipe.batch_size or 0, "--grpo-batch-size", help="Samples per GRPO optimizer step (0: a "
+                                        "round's whole shard in one step)."),
+    group_size: int = typer.Option(GrpoRecipe.group_size, "--group-size", help="Rollouts per GRPO group."),
+    temperature: float = typer.Option(GrpoRecipe.temperature, "--temperature", help="Sampling temperature of the "
+                                      "GRPO rounds (evaluation is greedy)."),
+    loss_agg: str = typer.Option(GrpoRecipe.loss_agg, "--loss-agg", help="veRL's loss_agg_mode: token-mean, "
+                                 "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO)."),
+    clip_high: float = typer.Option(GrpoRecipe.clip_high, "--clip-high", help="Upper PPO clip (clip-higher); the "
+                                    "lower one is 0.2."),
+    dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
+                                 "group's std)."),
+    fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="A new AdamW every round instead of one "
+                                         "kept from round to round."),
+    lora_rank: int = typer.Option(GrpoRecipe.lora_rank, "--lora-rank", help="GRPO rounds train a rank-r adapter "
+                                  "on every projection, merged after each round (0: every weight)."),
+    control: bool = typer.Option(True, "--control/--no-control", help="Also train and evaluate sft_extended: SFT "
+                                 "given the minutes the GRPO rounds took."),
     groups_per_task: int = typer.Option(1, "--groups-per-task", help="Groups per task (one round)."),
-    concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
-    max_turns: int = typer.Option(4, "--max-turns", help="Turns per rollout (react) / steps (mini-swe-agent)."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Rollouts at once."),
+    max_turns: int = typer.Option(5, "--max-turns", help="Turns per rollout (react) / steps (mini-swe-agent)."),
     max_tokens: int = typer.Option(96, "--max-tokens", help="Tokens per model call (react)."),
     port: int = typer.Option(18300, "--port", help="Port for the CPU vLLM server."),
     store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
@@ -56,18 +76,23 @@ def demo_command(
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(stderr=True, width=160)  # a log file: wide enough that the scoreboard's rows stay one line
     errors = (TaskError, SandboxError, ProxyUnavailable, StoreError, JournalError, KeyError, ValueError, RuntimeError,
-              TimeoutError)
+              TimeoutError)   # LoopError and RecipeError are RuntimeError and ValueError
     try:
         with sigterm_interrupts():
             if tasks or upstream or policy:
                 doc = _one_round(console, tasks, harness, upstream, policy, group_size, groups_per_task, concurrency,
                                  max_turns, max_tokens, port, store)
             else:
-                doc = _loop(console, rounds=rounds, train_tasks=train_tasks, heldout_tasks=heldout_tasks,
-                            tasks_per_round=tasks_per_round, seed=seed, teacher=teacher, sft_epochs=sft_epochs,
-                            grpo_lr=grpo_lr, grpo_epochs=grpo_epochs, grpo_batch_size=grpo_batch_size,
-                            group_size=group_size, concurrency=concurrency, max_turns=max_turns,
-                            max_tokens=max_tokens, port=port, store=store)
+                recipe = GrpoRecipe(rounds=rounds, tasks_per_round=tasks_per_round, group_size=group_size,
+                                    temperature=temperature, lr=grpo_lr, epochs=grpo_epochs,
+                                    batch_size=grpo_batch_size or None, loss_agg=loss_agg, clip_high=clip_high,
+                                    norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
+                                    lora_rank=lora_rank)
+                doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
+                            train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
+                            teacher=teacher, sft_epochs=sft_epochs, recipe=recipe, control=control,
+                            concurrency=concurrency, max_turns=max_turns, max_tokens=max_tokens, port=port,
+                            store=store)
     except KeyboardInterrupt:
         console.print("[yellow]cancelled[/]")
         raise typer.Exit(130) from None
@@ -79,26 +104,47 @@ def demo_command(
 
 def _loop(console, **opts) -> dict:
     from forge_store import get_settings
+    from learner import print_comparison
 
-    from .loop import LearningLoop, LoopConfig, summary_json
+    from .loop import LearningLoop, LoopConfig
+    from .loop_report import print_final, summary_json
     from .scoreboard import print_scoreboard
 
     t0 = time.monotonic()
     settings = get_settings()
     cfg = LoopConfig(out=settings.home / "demo", vllm_cache=_vllm_cache(), **opts)
-    report = LearningLoop(cfg, console).run()
+    loop = LearningLoop(cfg, console)
+    report = loop.run()
     print_scoreboard(console, report.rows, report.phases)
-    doc = summary_json(report, t0)
+    from forge_store import open_store
+
+    with open_store(cfg.store, settings=settings) as store:
+        doc = summary_json(report, t0, store=store, recipe=cfg.recipe.as_dict())
+        if doc["rubrics_sft_to_final"]:
+            from learner import Difference
+
+            diffs = [Difference(**{**d, "ci95": tuple(d["ci95"]) if d["ci95"] else None})
+                     for d in doc["rubrics_sft_to_final"]]
+            print_comparison(console, f"What GRPO changed: {doc['roles']['final']} (final) against "
+                             f"{doc['roles']['sft']} (SFT) on the held-out tasks, paired by task", diffs, "SFT",
+                             "final")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"success on held-out tasks: base {_pct(doc['success_base'])} -> SFT {_pct(doc['success_sft'])} -> "
-                  f"final {_pct(doc['success_final'])} ({doc['final_version']}); policy switches p50 "
-                  f"{doc['switch_s_p50']} s; {doc['minutes']} min in all")
+                  f"final {_pct(doc['success_final'])} ({doc['final_version']})"
+                  + (f"; SFT extended (control) {_pct(doc['success_sft_extended'])}"
+                     if doc.get("success_sft_extended") is not None else "")
+                  + f"; policy switches p50 {doc['switch_s_p50']} s; {doc['minutes']} min in all")
+    print_final(console, doc)
+    if cfg.teacher is None:
+        console.print("[yellow]the teacher was SCRIPTED[/]: it replays each task's reference solution, knowing what "
+                      "the workspace hides; it never reads back, errs or searches (examples/generated-tasks.md)")
     console.print("[bold]next[/] (from the project's venv, .venv/bin):\n"
                   f"  openforge lineage {doc['final_version']}   # the chain base -> SFT -> GRPO, with shards\n"
                   "  openforge dashboard                          # success by version along the chain, trajectories\n"
-                  "  openforge analyze --by policy_version        # behaviour rubrics per version\n"
-                  "  openforge demo --rounds 3                    # more GRPO rounds (bench/learning_curve.py: 2+)")
+                  f"  openforge analyze --compare {doc['roles'].get('sft')} {doc['final_version']}   # every rubric, "
+                  "paired by task\n"
+                  "  python bench/learning_curve.py --seeds 3     # the same loop over three seeds, pooled")
     return doc
 
 

@@ -1,37 +1,47 @@
-"""The learning loop on one machine: base -> teacher demonstrations -> SFT -> GRPO rounds, each version evaluated.
+"""The learning loop on one machine: base -> teacher demonstrations -> SFT -> GRPO rounds, each version evaluated,
+and a control that gives SFT the minutes GRPO took.
 
 Every phase goes through the platform's own parts, so the loop is also their integration test:
 
-1. tasks: a generated family (``rollout.generate_tasks``), a train split and a held-out split by seed;
+1. tasks: generated families (``rollout.generate_tasks``: ``files``, ``check``, ``recover``, ``plan``), a train and
+   a held-out split per family by seed; the first ``demo_tasks`` train tasks (evenly over the families) are the ones
+   the teacher demonstrates, GRPO draws from every train task;
 2. the engine (vLLM on the CPU, ``proxy.engines.VllmServer``) serves the base model behind a recording proxy; the
    base is evaluated on the held-out split (rollouts marked ``eval``, greedy decoding);
-3. a teacher solves the train split with the same harness, through a second recording proxy in front of a scripted
-   engine that replays each task's reference solution (``proxy.testing.Conversations``), or in front of any
-   OpenAI-compatible model (``--teacher URL``); its rollouts are marked ``teacher``;
+3. a teacher solves the demonstration tasks with the same harness, through a second recording proxy in front of a
+   scripted engine that replays each task's reference solution, or in front of any OpenAI-compatible model
+   (``--teacher URL``); its rollouts are marked ``teacher``. The scripted teacher is privileged (it knows what a
+   workspace hides) and shows no read-back, no error and no search: see ``examples/generated-tasks.md``;
 4. SFT: an SFT export of the teacher's rollouts (``learner.export``) trains the base (``learner.train``, assistant
-   tokens only) into a new policy version, which the engine loads in place behind the proxy's fence
-   (``openforge.policy_switch``) and which is evaluated like the base;
-5. GRPO rounds: groups of sampled rollouts on train tasks (``train``), a veRL export with GRPO advantages, one
-   policy update, a fenced switch, an evaluation; a round whose groups all got equal rewards has no signal, trains
-   nothing and says so.
+   tokens only) for ``sft_epochs`` epochs into a new policy version, which the engine loads in place behind the
+   proxy's fence (``openforge.policy_switch``) and which is evaluated like the base;
+5. GRPO rounds (the recipe: ``openforge.loop_recipe``): groups of sampled rollouts on train tasks, a veRL export with
+   GRPO advantages, PPO mini-batch updates with one AdamW kept from round to round, a fenced switch; a round whose
+   groups all got equal rewards has no signal, trains nothing and says so; the last version is evaluated;
+6. the control ``sft_extended``: the SFT version trained on the same demonstrations for as many more seconds as the
+   GRPO rounds took (same optimizer state), evaluated like the others, so that GRPO's gain is measured against SFT
+   given the same time, not against an SFT stopped early.
 
 Evaluation rollouts never reach a shard and teacher rollouts never a GRPO shard (the learner's exclusions). The
 result is a chain of policy versions whose lineage (parent, shard, watermark, samples) is in the store
-(``openforge lineage VERSION``) and a scoreboard (``openforge.scoreboard``).
+(``openforge lineage VERSION``), a scoreboard (``openforge.scoreboard``) and paired comparisons by task
+(``openforge.loop_report``).
 """
 
 from __future__ import annotations
 
-import statistics
+import itertools
+import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .loop_recipe import GrpoRecipe
 from .loop_session import BASE_POLICY
 from .scoreboard import Rate, VersionRow
 
-FAMILY = "files"
+FAMILIES = ("files", "check", "recover", "plan")
 
 
 class LoopError(RuntimeError):
@@ -40,37 +50,49 @@ class LoopError(RuntimeError):
 
 @dataclass
 class LoopConfig:
-    out: Path  # tasks, shards and checkpoints of this loop
+    out: Path  # tasks, shards, checkpoints and optimizer state of this loop
     seed: int = 0
-    train_tasks: int = 32
-    heldout_tasks: int = 16
-    rounds: int = 1
-    tasks_per_round: int = 8
-    group_size: int = 4
-    concurrency: int = 4
-    max_turns: int = 4
+    families: tuple[str, ...] = FAMILIES
+    train_tasks: int = 96      # the pool GRPO draws from (split evenly over the families)
+    demo_tasks: int = 48       # the first of them, the ones the teacher demonstrates
+    heldout_tasks: int = 48
+    concurrency: int = 16
+    max_turns: int = 5
     max_tokens: int = 96
-    train_temperature: float = 1.0
     sft_epochs: int = 3
     sft_lr: float = 1e-4
-    grpo_lr: float = 2e-5
-    grpo_epochs: int = 1  # passes over a round's shard
-    grpo_batch_size: int | None = None  # samples per update (None: the whole shard in one update)
+    recipe: GrpoRecipe = field(default_factory=GrpoRecipe)
+    control: bool = True       # evaluate sft_extended too
     teacher: str | None = None  # an OpenAI-compatible teacher instead of the scripted one
     port: int = 18300
     store: str | None = None
     vllm_cache: str | None = None
     tag: str = field(default_factory=lambda: time.strftime("%m%d%H%M"))
 
+    # what the session and the summary read under their old names
+    @property
+    def rounds(self) -> int:
+        return self.recipe.rounds
+
     def check(self) -> None:
-        for name in ("train_tasks", "heldout_tasks", "tasks_per_round", "concurrency", "max_turns", "sft_epochs"):
+        from rollout import task_families
+
+        for name in ("train_tasks", "demo_tasks", "heldout_tasks", "concurrency", "max_turns", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
-        if self.group_size < 2:
-            raise LoopError(f"--group-size {self.group_size}: a GRPO group needs at least 2 rollouts to compare; "
-                            f"pass --group-size 2 or more")
-        if self.rounds < 0:
-            raise LoopError(f"--rounds {self.rounds}: pass 0 (SFT only) or more")
+        if self.demo_tasks > self.train_tasks:
+            raise LoopError(f"--demo-tasks {self.demo_tasks} is more than --train-tasks {self.train_tasks}: the "
+                            f"teacher demonstrates train tasks; pass --demo-tasks {self.train_tasks} or fewer")
+        known = task_families()
+        unknown = [f for f in self.families if f not in known]
+        if unknown or not self.families:
+            raise LoopError(f"--families {','.join(self.families) or '(none)'}: unknown {', '.join(unknown)}; "
+                            f"the families are {', '.join(known)}")
+        for name in ("train_tasks", "demo_tasks", "heldout_tasks"):
+            if getattr(self, name) < len(self.families):
+                raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: fewer than the "
+                                f"{len(self.families)} families; pass at least one task per family")
+        self.recipe.check()
 
 
 @dataclass
@@ -80,10 +102,15 @@ class LoopReport:
     switches: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)  # mean importance ratio of each GRPO update's first batch
     rounds_trained: int = 0
+    eval_runs: dict[str, str] = field(default_factory=dict)  # version -> its held-out evaluation run
+    grpo_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def row(self, version: str) -> VersionRow:
         return next(r for r in self.rows if r.version == version)
+
+    def made_by(self, what: str) -> VersionRow | None:
+        return next((r for r in self.rows if r.made_by == what), None)
 
 
 class LearningLoop:
@@ -93,24 +120,30 @@ class LearningLoop:
         cfg.check()
         self.cfg, self.console = cfg, console
         self.report = LoopReport()
+        self.optimizer = cfg.out / "optimizer" / cfg.tag
 
     # ---- the whole loop ---------------------------------------------------------------------------------------
     def run(self) -> LoopReport:
         from .loop_session import Session
 
-        train, heldout = self._phase("tasks", self._tasks)
+        train, demos, heldout = self._phase("tasks", self._tasks)
         with ExitStack() as stack:
             s = self.session = Session(self.cfg, self.console, stack, self.report)
             self._phase("engine start", s.start)
             self._add(BASE_POLICY, None, "base")
             self._phase("eval base", self._evaluate, BASE_POLICY, heldout)
-            teacher_run = self._phase("teacher demonstrations", self._demonstrate, train)
-            current = self._phase("sft", self._sft, teacher_run)
-            self._phase(f"eval {current}", self._evaluate, current, heldout)
-            for r in range(1, self.cfg.rounds + 1):
+            teacher_run = self._phase("teacher demonstrations", self._demonstrate, demos)
+            sft, sft_shard = self._phase("sft", self._sft, teacher_run)
+            self._phase(f"eval {sft}", self._evaluate, sft, heldout)
+            current, t0 = sft, time.monotonic()
+            for r in range(1, self.cfg.recipe.rounds + 1):
                 current = self._phase(f"grpo round {r}", self._grpo_round, r, current, train)
-                if self.report.rows[-1].version == current and self.report.rows[-1].heldout.n == 0:
-                    self._phase(f"eval {current}", self._evaluate, current, heldout)
+            self.report.grpo_seconds = time.monotonic() - t0
+            if current != sft:
+                self._phase(f"eval {current}", self._evaluate, current, heldout)
+            if self.cfg.control and self.report.grpo_seconds > 0 and current != sft:
+                control = self._phase("sft extended (control)", self._sft_extended, sft, sft_shard)
+                self._phase(f"eval {control}", self._evaluate, control, heldout)
             s.count_calls(self.report.rows)
         return self.report
 
@@ -131,74 +164,104 @@ class LearningLoop:
     def _tasks(self):
         from rollout import generate_tasks, load_task
 
-        out = self.cfg.out / "tasks" / f"{FAMILY}-seed{self.cfg.seed}"
-        paths = generate_tasks(FAMILY, out, train=self.cfg.train_tasks, heldout=self.cfg.heldout_tasks,
-                               seed=self.cfg.seed)
-        tasks = [load_task(p) for p in paths]
-        train = [t for t in tasks if t.config.metadata.get("split") == "train"]
-        heldout = [t for t in tasks if t.config.metadata.get("split") == "heldout"]
-        self.console.print(f"{len(train)} train and {len(heldout)} held-out tasks of family {FAMILY!r} "
-                           f"(seed {self.cfg.seed}) in {out}")
-        return train, heldout
+        cfg, n = self.cfg, len(self.cfg.families)
+        per_family, demos, heldout = [], [], []
+        for i, family in enumerate(cfg.families):
+            share = lambda total: total // n + (1 if i < total % n else 0)  # noqa: E731
+            out = cfg.out / "tasks" / f"{family}-seed{cfg.seed}"
+            paths = generate_tasks(family, out, train=share(cfg.train_tasks), heldout=share(cfg.heldout_tasks),
+                                   seed=cfg.seed)
+            tasks = [load_task(p) for p in paths]
+            fam_train = [t for t in tasks if t.config.metadata.get("split") == "train"]
+            per_family.append(fam_train)
+            demos += fam_train[:share(cfg.demo_tasks)]
+            heldout += [t for t in tasks if t.config.metadata.get("split") == "heldout"]
+        # the families interleaved, so that every GRPO round draws from each of them
+        train = [t for row in itertools.zip_longest(*per_family) for t in row if t is not None]
+        self.console.print(f"{len(train)} train tasks ({len(demos)} demonstrated) and {len(heldout)} held-out tasks "
+                           f"of families {', '.join(cfg.families)} (seed {cfg.seed}) in {cfg.out / 'tasks'}")
+        return train, demos, heldout
 
     def _evaluate(self, version: str, tasks) -> Rate:
         summary = self.session.rollouts(tasks, purpose="eval", group_size=1, temperature=0.0,
                                         name=f"eval {version}")
         rate = _rate(summary)
         self.report.row(version).heldout = rate
+        self.report.eval_runs[version] = summary.run_id
         self.console.print(f"held-out success of [bold]{version}[/]: {rate.text()}")
         return rate
 
-    def _demonstrate(self, train) -> str:
-        summary = self.session.demonstrations(train)
+    def _demonstrate(self, demos) -> str:
+        summary = self.session.demonstrations(demos)
         rate = _rate(summary)
-        self.console.print(f"teacher ({self.session.teacher_label}) solved {rate.text()} of the train tasks")
+        self.console.print(f"teacher ({self.session.teacher_label}) solved {rate.text()} of the demonstration tasks")
         if not rate.successes:
             raise LoopError("the teacher solved no train task, so there is nothing to learn from; check the teacher "
                             "(--teacher URL) or the task family")
         return summary.run_id
 
-    def _sft(self, teacher_run: str) -> str:
+    def _sft(self, teacher_run: str) -> tuple[str, Path]:
         from learner import ExportConfig, export
 
         shard = self.cfg.out / "shards" / f"sft-{teacher_run}"
         manifest = export(self.session.store, shard, ExportConfig(format="sft", where=f"run_id = '{teacher_run}'"))
         version = f"smollm2-{self.cfg.tag}-sft"
+        self.optimizer.mkdir(parents=True, exist_ok=True)
         res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", lr=self.cfg.sft_lr,
-                                 epochs=self.cfg.sft_epochs)
+                                 epochs=self.cfg.sft_epochs, optimizer_state=self.optimizer / "sft.pt")
         self._add(version, BASE_POLICY, "sft", samples=_rows(manifest))
         self.report.switches.append(self.session.switch(res))
-        return version
+        return version, shard
 
     def _grpo_round(self, r: int, current: str, train) -> str:
         from learner import ExportConfig, TrainError, export
 
-        k = self.cfg.tasks_per_round
+        recipe = self.cfg.recipe
+        k = recipe.tasks_per_round
         start = ((r - 1) * k) % len(train)
         tasks = (train[start:] + train[:start])[:k]
-        summary = self.session.rollouts(tasks, purpose="train", group_size=self.cfg.group_size,
-                                        temperature=self.cfg.train_temperature, name=f"grpo round {r} {current}")
+        summary = self.session.rollouts(tasks, purpose="train", group_size=recipe.group_size,
+                                        temperature=recipe.temperature, name=f"grpo round {r} {current}")
         rate = _rate(summary)
         row = self.report.row(current)
         row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
         shard = self.cfg.out / "shards" / f"grpo-{summary.run_id}"
         # A completion cut at max_tokens is a failure the policy produced, not noise: it trains, with its advantage.
         manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'",
-                                                                  keep_truncated=True))
+                                                                  keep_truncated=True,
+                                                                  norm_by_std=recipe.norm_by_std))
         version = f"smollm2-{self.cfg.tag}-grpo{r}"
+        state = self.optimizer / "grpo.pt"   # GRPO's own AdamW: new at round 1, then kept from round to round
         try:
-            res = self.session.train(shard, version, parent=current, algorithm="grpo", lr=self.cfg.grpo_lr,
-                                     epochs=self.cfg.grpo_epochs, batch_size=self.cfg.grpo_batch_size)
+            res = self.session.train(shard, version, parent=current, algorithm="grpo",
+                                     optimizer_state=state if recipe.carries_optimizer else None,
+                                     **recipe.train_options())
         except TrainError as exc:
             note = f"round {r}: no update ({exc})"
             self.report.notes.append(note)
             self.console.print(f"[yellow]{note}[/]")
             return current
-        if res.step.get("mean_ratio") is not None:
-            self.report.ratios.append(res.step["mean_ratio"])
+        if res.step.get("importance_ratio_mean") is not None:
+            self.report.ratios.append(res.step["importance_ratio_mean"])
         self._add(version, current, f"grpo round {r}", samples=_rows(manifest))
         self.report.switches.append(self.session.switch(res))
         self.report.rounds_trained += 1
+        return version
+
+    def _sft_extended(self, sft: str, shard: Path) -> str:
+        """SFT on the same demonstrations from the SFT version, for the seconds the GRPO rounds took."""
+        version = f"smollm2-{self.cfg.tag}-sft-extended"
+        state = self.optimizer / "control.pt"
+        if (self.optimizer / "sft.pt").exists():
+            shutil.copyfile(self.optimizer / "sft.pt", state)
+        budget = round(self.report.grpo_seconds, 1)
+        res = self.session.train(shard, version, parent=sft, algorithm="sft", lr=self.cfg.sft_lr, epochs=1000,
+                                 max_seconds=budget, optimizer_state=state)
+        row = self._add(version, sft, "sft extended (control)", samples=res.step.get("samples"))
+        row.seconds["train_budget_s"] = budget
+        self.console.print(f"control: SFT continued for {res.step.get('train_seconds')} s of training "
+                           f"({res.step.get('epochs')} more epochs) against GRPO's {budget} s")
+        self.report.switches.append(self.session.switch(res))
         return version
 
 
@@ -210,24 +273,3 @@ def _rate(summary) -> Rate:
 def _rows(manifest: dict) -> int:
     rows = manifest["counts"]["rows"]
     return rows.get("trajectories", rows.get("sft", sum(rows.values())))
-
-
-def summary_json(report: LoopReport, started: float) -> dict:
-    """The loop's last line: what ``bench/learning_curve.py`` reads and the issue's targets name."""
-    from .scoreboard import difference
-
-    base, final = report.rows[0], report.rows[-1]
-    sft = next((r for r in report.rows if r.made_by == "sft"), None)
-    d_final_base, ci_final_base = difference(final.heldout, base.heldout)
-    d_final_sft, ci_final_sft = difference(final.heldout, sft.heldout) if sft else (None, None)
-    return {
-        "success_base": base.heldout.value, "success_sft": sft.heldout.value if sft else None,
-        "success_final": final.heldout.value, "final_version": final.version,
-        "final_minus_base": d_final_base, "final_minus_base_ci95": ci_final_base,
-        "final_minus_sft": d_final_sft, "final_minus_sft_ci95": ci_final_sft,
-        "rounds": report.rounds_trained, "minutes": round((time.monotonic() - started) / 60, 2),
-        "switch_s_p50": round(statistics.median(report.switches), 3) if report.switches else None,
-        "importance_ratio_mean": round(statistics.fmean(report.ratios), 5) if report.ratios else None,
-        "phases_s": {k: round(v, 1) for k, v in report.phases.items()},
-        "versions": [r.as_dict() for r in report.rows], "notes": report.notes,
-    }

@@ -137,20 +137,23 @@ class Session:
         return url
 
     # ---- train and switch -------------------------------------------------------------------------------------
-    def train(self, shard: Path, version: str, *, parent: str, algorithm: str, lr: float, epochs: int | None = None,
-              batch_size: int | None = None):
+    def train(self, shard: Path, version: str, *, parent: str, algorithm: str, **options):
+        """Train ``shard`` into ``version`` (``options``: ``learner.train``'s lr, epochs, batch_size, max_seconds,
+        optimizer_state, ...)."""
         from learner import train
 
         out = self.settings.home / "checkpoints" / version
         base = self.base_dir if parent == BASE_POLICY else None
         with self.console.status(f"{algorithm.upper()} on the CPU from {shard.name} -> {version}") as status:
             res = train(self.store, shard, out, python=self.python, base=base, parent=parent, algorithm=algorithm,
-                        lr=lr, epochs=epochs, batch_size=batch_size, policy_id=version, progress=lambda line: status.update(
-                            f"{algorithm.upper()} -> {version}: {line}"))
+                        policy_id=version, progress=lambda line: status.update(
+                            f"{algorithm.upper()} -> {version}: {line}"), **options)
         s = res.step
-        self.console.print(f"[green]{algorithm}[/] {version} (parent {parent}): {s.get('samples')} samples, loss "
-                           f"{s.get('loss', float('nan')):.4g}, {s.get('seconds')} s"
-                           + (f", mean importance ratio {s['mean_ratio']:.4f}" if s.get("mean_ratio") else ""))
+        ratio = s.get("importance_ratio_mean")
+        self.console.print(f"[green]{algorithm}[/] {version} (parent {parent}): {s.get('samples')} samples, "
+                           f"{s.get('steps')} steps, loss {s.get('loss_first', float('nan')):.4g} -> "
+                           f"{s.get('loss', float('nan')):.4g}, {s.get('train_seconds')} s training"
+                           + (f", mean importance ratio {ratio:.4f}" if ratio is not None else ""))
         return res
 
     def switch(self, res) -> float:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proxy.engines.vllm_cpu import ENV_SPEC, MODEL_SPEC, READY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +68,17 @@ def test_unknown_policy_version(tmp_path):
     cache, _ = _fake_cache(tmp_path)
     code, err = _demo(tmp_path, "--policy", "nope", "--port", "0", OPENFORGE_VLLM_CPU_CACHE=str(cache))
     assert code == 2 and "--policy 'nope' is not in the store" in err and "openforge train" in err, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--group-size", "1"], "--group-size 1: a GRPO group needs at least 2 rollouts"),
+    (["--families", "files,nope"], "--families files,nope: unknown nope; the families are check, files, plan, recover"),
+    (["--demo-tasks", "20", "--train-tasks", "10"], "--demo-tasks 20 is more than --train-tasks 10"),
+    (["--heldout-tasks", "3"], "--heldout-tasks 3: fewer than the 4 families"),
+    (["--loss-agg", "mean"], "--loss-agg 'mean': one of token-mean"),
+    (["--grpo-lr", "0"], "--grpo-lr 0.0: a learning rate is a positive number"),
+])
+def test_a_bad_loop_setting_is_refused_before_anything_starts(tmp_path, args, says):
+    code, err = _demo(tmp_path, "--port", "0", *args)
+    assert code == 2 and says in err, err
+    assert not (tmp_path / "home" / "store.sqlite").exists()

@@ -1,5 +1,6 @@
-"""The learning loop's mechanics end to end, small: `openforge demo` on 4 train and 2 held-out generated tasks, one
-SFT epoch, one GRPO round of two groups, with its own vLLM on the CPU, then what the store holds of it.
+"""The learning loop's mechanics end to end, small: `openforge demo` on two generated families (4 train tasks, 2
+demonstrated, 2 held out), one SFT epoch, one GRPO round of two groups, the control (SFT given GRPO's minutes),
+with its own vLLM on the CPU, then what the store holds of it and the paired comparisons it prints.
 
 The figures (does the policy improve, by how much) are `bench/learning_curve.py`'s; this checks the plumbing: the
 purposes of the runs, what each shard may hold, the lineage chain, the policy version every call was recorded under,
@@ -33,8 +34,9 @@ def loop(tmp_path_factory):
     if os.environ.get("OPENFORGE_SKIP_SLOW") == "1":
         pytest.skip("OPENFORGE_SKIP_SLOW=1")
     home = tmp_path_factory.mktemp("loop-home")
-    p = _openforge(home, "demo", "--train-tasks", "4", "--heldout-tasks", "2", "--rounds", "1", "--tasks-per-round",
-                   "2", "--group-size", "2", "--sft-epochs", "1", "--concurrency", "2", "--port", "0")
+    p = _openforge(home, "demo", "--families", "files,plan", "--train-tasks", "4", "--demo-tasks", "2",
+                   "--heldout-tasks", "2", "--rounds", "1", "--tasks-per-round", "2", "--group-size", "4",
+                   "--temperature", "1.2", "--sft-epochs", "1", "--concurrency", "4", "--port", "0")
     assert p.returncode == 0, p.stderr[-6000:]
     return home, json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
@@ -43,7 +45,8 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
     home, doc, err = loop
     versions = {v["made_by"]: v for v in doc["versions"]}
     base, sft = versions["base"], versions["sft"]
-    assert sft["parent"] == base["version"] and sft["samples"] == 4, doc
+    assert sft["parent"] == base["version"] and sft["samples"] == 2, doc
+    assert doc["heldout_tasks"] == 2 and doc["recipe"]["group_size"] == 4 and doc["recipe"]["keep_optimizer"], doc
     assert doc["switch_s_p50"] is not None and doc["switch_s_p50"] < 15, doc
     chain = json.loads(_openforge(home, "lineage", doc["final_version"], "--json").stdout)
     assert [c["policy_version"] for c in chain][:2] == [base["version"], sft["version"]]
@@ -55,6 +58,12 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
         assert grpo["parent"] == sft["version"] and chain[-1]["policy_version"] == grpo["version"], chain
         assert chain[-1]["algorithm"] == "grpo" and chain[-1]["samples"] == grpo["samples"] > 0
         assert 0.9 < doc["importance_ratio_mean"] < 1.1, doc
+        control = versions["sft extended (control)"]   # SFT given the seconds GRPO took, evaluated like the others
+        assert control["parent"] == sft["version"] and control["heldout"]["n"] == 2, doc
+        assert doc["success_sft_extended"] is not None and doc["final_minus_sft_extended_ci95"] is not None, doc
+        assert doc["final_minus_sft_ci95"] is not None and doc["rubrics_sft_to_final"], doc
+        assert set(doc["per_task"]) == {"base", "sft", "final", "sft_extended"}, doc
+        assert "paired by task" in err and "What GRPO changed" in err, err[-3000:]
     for link in chain[1:]:
         assert link["export_id"] and link["watermark"] and Path(link["shard"], "manifest.json").is_file(), link
 

@@ -1,0 +1,73 @@
+"""The GRPO recipe of the learning loop: what one round samples and how the policy is updated from it.
+
+Kept apart from the loop's phases so that the choices, and why, are read in one place. The defaults are the recipe
+``bench/learning_curve.py`` measured (its closing figures are in the README); every field is an option of
+``openforge demo`` and of the bench.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+class RecipeError(ValueError):
+    """A recipe setting out of its range; the message names the value, the rule and the fix."""
+
+
+@dataclass
+class GrpoRecipe:
+    rounds: int = 3
+    tasks_per_round: int = 8
+    group_size: int = 8
+    temperature: float = 1.0
+    lr: float = 2e-5
+    epochs: int = 1               # passes over a round's samples
+    batch_size: int | None = 16   # samples per optimizer step (None: the round's whole shard in one step)
+    loss_agg: str = "seq-mean-token-mean"  # veRL's loss_agg_mode: every sample weighs the same
+    clip_low: float = 0.2
+    clip_high: float = 0.28       # DAPO's clip-higher
+    norm_by_std: bool = True      # GRPO's advantage; False: Dr. GRPO (mean-centred only)
+    keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
+    lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
+    precision: str = "bf16"
+
+    def check(self) -> None:
+        if self.rounds < 0:
+            raise RecipeError(f"--rounds {self.rounds}: pass 0 (SFT only) or more")
+        if self.group_size < 2:
+            raise RecipeError(f"--group-size {self.group_size}: a GRPO group needs at least 2 rollouts to compare; "
+                              "pass --group-size 2 or more")
+        for name in ("tasks_per_round", "epochs"):
+            if getattr(self, name) < 1:
+                raise RecipeError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise RecipeError(f"--grpo-batch-size {self.batch_size}: pass 1 or more (or leave it out: one step)")
+        if not self.lr > 0:
+            raise RecipeError(f"--grpo-lr {self.lr}: a learning rate is a positive number, e.g. 5e-6")
+        if self.temperature < 0:
+            raise RecipeError(f"--temperature {self.temperature}: sampling temperature is 0 or more")
+        if self.loss_agg not in LOSS_AGG_MODES:
+            raise RecipeError(f"--loss-agg {self.loss_agg!r}: one of {', '.join(LOSS_AGG_MODES)}")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise RecipeError(f"--clip-low {self.clip_low} / --clip-high {self.clip_high}: the PPO clip range is "
+                              "[1 - low, 1 + high] with 0 <= low < 1 and high >= 0, e.g. 0.2 / 0.28")
+        if self.lora_rank < 0:
+            raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
+        if self.precision not in ("bf16", "fp32"):
+            raise RecipeError(f"--precision {self.precision!r}: bf16 or fp32")
+
+    def train_options(self) -> dict:
+        """``learner.train``'s keywords for one round's update (the optimizer state file is the loop's)."""
+        return {"lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size, "loss_agg": self.loss_agg,
+                "clip_low": self.clip_low, "clip_high": self.clip_high, "precision": self.precision,
+                "lora_rank": self.lora_rank or None}
+
+    @property
+    def carries_optimizer(self) -> bool:
+        """One AdamW across the rounds (a LoRA round trains a new adapter: nothing to carry)."""
+        return self.keep_optimizer and not self.lora_rank
+
+    def as_dict(self) -> dict:
+        return asdict(self)

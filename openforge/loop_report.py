@@ -1,0 +1,94 @@
+"""What the learning loop ends with: paired comparisons of its versions on the held-out tasks, the rubric deltas
+SFT -> final, and the JSON line ``bench/learning_curve.py`` reads.
+
+Every difference is paired by task (``learner.compare_tasks``: a bootstrap over tasks, McNemar's exact test for
+success), read back from the store's evaluation runs, not from the loop's counters: the numbers a user gets from
+``openforge analyze --compare`` are the same ones.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+ROLES = ("base", "sft", "final", "sft_extended")
+
+
+def roles(report) -> dict[str, str]:
+    """Role -> policy version, for the versions the loop evaluated."""
+    base, sft = report.made_by("base"), report.made_by("sft")
+    control = report.made_by("sft extended (control)")
+    evaluated = [r for r in report.rows if r.heldout.n and r.made_by != "sft extended (control)"]
+    out = {"base": base.version if base else None, "sft": sft.version if sft else None,
+           "final": evaluated[-1].version if evaluated else None,
+           "sft_extended": control.version if control and control.heldout.n else None}
+    return {k: v for k, v in out.items() if v}
+
+
+def task_aggregates(store, report) -> dict[str, dict]:
+    """Role -> task id -> the rubric aggregate of that version's held-out evaluation."""
+    from learner import version_tasks
+
+    return {role: version_tasks(store, v, purpose="eval", run_ids=[report.eval_runs[v]])
+            for role, v in roles(report).items() if v in report.eval_runs}
+
+
+def _pair(aggs: dict, a: str, b: str, n_boot: int) -> dict:
+    from learner import compare_tasks
+
+    if a not in aggs or b not in aggs:
+        return {"diff": None, "ci95": None, "p_value": None}
+    success = next(d for d in compare_tasks(aggs[a], aggs[b], n_boot=n_boot) if d.metric == "success_rate")
+    return {"diff": success.diff, "ci95": list(success.ci95) if success.ci95 else None, "p_value": success.p_value}
+
+
+def summary_json(report, started: float, store=None, recipe: dict | None = None, n_boot: int = 2000) -> dict:
+    """The loop's last line: what ``bench/learning_curve.py`` reads and the issue's targets name."""
+    from learner import compare_tasks
+
+    aggs = task_aggregates(store, report) if store is not None else {}
+    rates = {role: report.row(v).heldout.value for role, v in roles(report).items()}
+    pairs = {"final_minus_sft": ("sft", "final"), "final_minus_base": ("base", "final"),
+             "final_minus_sft_extended": ("sft_extended", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
+    doc = {f"success_{role}": rates.get(role) for role in ROLES}
+    doc["final_version"] = roles(report).get("final")
+    for name, (a, b) in pairs.items():
+        d = _pair(aggs, a, b, n_boot)
+        doc[name], doc[f"{name}_ci95"], doc[f"{name}_p"] = d["diff"], d["ci95"], d["p_value"]
+    moved = roles(report).get("final") != roles(report).get("sft")
+    doc["rubrics_sft_to_final"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot)]
+                                   if moved and "sft" in aggs and "final" in aggs else [])
+    doc.update({
+        "heldout_tasks": report.row(roles(report)["base"]).heldout.n if "base" in roles(report) else None,
+        "rounds": report.rounds_trained, "minutes": round((time.monotonic() - started) / 60, 2),
+        "grpo_minutes": round(report.grpo_seconds / 60, 2),
+        "switch_s_p50": round(statistics.median(report.switches), 3) if report.switches else None,
+        "importance_ratio_mean": round(statistics.fmean(report.ratios), 5) if report.ratios else None,
+        "phases_s": {k: round(v, 1) for k, v in report.phases.items()},
+        "versions": [r.as_dict() for r in report.rows], "roles": roles(report), "eval_runs": report.eval_runs,
+        "per_task": {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()},
+        "recipe": recipe, "notes": report.notes,
+    })
+    return doc
+
+
+def print_final(console, doc: dict) -> None:
+    """The paired differences the demo ends with, said plainly (an interval that includes 0 is said to)."""
+    def line(name: str, label: str) -> None:
+        d, ci, p = doc.get(name), doc.get(f"{name}_ci95"), doc.get(f"{name}_p")
+        if d is None:
+            return
+        verdict = ("[green]above 0: a difference the interval supports[/]" if ci and ci[0] > 0 else
+                   "[red]below 0[/]" if ci and ci[1] < 0 else "[yellow]the interval includes 0: not shown to differ[/]")
+        span = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "(no interval)"
+        console.print(f"  {label:<26} {d:+.3f}  95% CI {span}  McNemar p {p if p is None else round(p, 4)}  {verdict}",
+                      highlight=False)
+
+    console.print(f"[bold]paired by task[/] over {doc.get('heldout_tasks')} held-out tasks (bootstrap intervals):")
+    if doc.get("roles", {}).get("final") == doc.get("roles", {}).get("sft"):
+        console.print("  no GRPO round updated the policy (see the notes): the final version is the SFT version")
+    else:
+        line("final_minus_sft", "final - SFT")
+        line("final_minus_sft_extended", "final - SFT extended")
+    line("sft_extended_minus_sft", "SFT extended - SFT")
+    line("final_minus_base", "final - base")
