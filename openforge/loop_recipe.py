@@ -22,7 +22,7 @@ class GrpoRecipe:
     tasks_per_round: int = 8
     group_size: int = 8
     temperature: float = 1.0
-    lr: float = 2e-5
+    lr: float = 5e-6
     epochs: int = 1               # passes over a round's samples
     batch_size: int | None = 16   # samples per optimizer step (None: the round's whole shard in one step)
     loss_agg: str = "seq-mean-token-mean"  # veRL's loss_agg_mode: every sample weighs the same

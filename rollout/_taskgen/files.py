@@ -132,8 +132,14 @@ MAX_STEPS = 3
 def draft(seed: int, difficulty: int) -> Draft:
     """The task of this seed with ``difficulty`` steps (distinct templates), plus one or two files no step names
     (they must survive: a guard)."""
+    return draw_draft(TEMPLATES, seed, difficulty)
+
+
+def draw_draft(templates: dict, seed: int, difficulty: int) -> Draft:
+    """``difficulty`` distinct templates of these, drawn by seed, plus one or two guard files no step names (the
+    draw order is part of every family's pinned bytes: do not reorder)."""
     d = Draw(seed, WORDS, FOLDERS, EXTS)
-    names = d.rng.sample(sorted(TEMPLATES), difficulty)
-    steps = [TEMPLATES[n](d) for n in names]
+    names = d.rng.sample(sorted(templates), difficulty)
+    steps = [templates[n](d) for n in names]
     distractors = {d.file(): _body(d.lines(1, 3)) for _ in range(d.rng.randint(1, 2))}
     return Draft(steps, d.pick(INTROS), distractors)

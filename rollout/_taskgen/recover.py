@@ -15,7 +15,7 @@ call per step). Recovering is what a student has to find itself.
 from __future__ import annotations
 
 from ._model import Draft, Draw, Step, absent, number, text, unchanged
-from .files import ANSWER, EXTS, FOLDERS, INTROS, WORDS, _bash, _body, _q
+from .files import ANSWER, _bash, _body, _q, draw_draft
 
 NAME = "recover"
 __all__ = ["ANSWER", "MAX_STEPS", "NAME", "TEMPLATES", "draft"]
@@ -104,8 +104,4 @@ MAX_STEPS = 3
 
 def draft(seed: int, difficulty: int) -> Draft:
     """``difficulty`` distinct templates, plus one or two guard files no step names."""
-    d = Draw(seed, WORDS, FOLDERS, EXTS)
-    names = d.rng.sample(sorted(TEMPLATES), difficulty)
-    steps = [TEMPLATES[n](d) for n in names]
-    distractors = {d.file(): _body(d.lines(1, 3)) for _ in range(d.rng.randint(1, 2))}
-    return Draft(steps, d.pick(INTROS), distractors)
+    return draw_draft(TEMPLATES, seed, difficulty)
