@@ -20,7 +20,7 @@ import pytest
 from rollout import TaskGenError, generate_tasks, load_task, load_tasks, task_families
 from rollout._harnesses import react_agent
 from rollout._taskgen import files as files_family
-from rollout._taskgen import plan, split_of
+from rollout._taskgen import FAMILIES, plan, split_of
 from rollout._taskgen._render import render, task_id
 from tests.test_example_tasks import Rollout
 
@@ -42,9 +42,10 @@ def _seeds_with(template: str, difficulty: int, n: int) -> list[int]:
 CASES = [(t, d, s) for d in (1, 2, 3) for t in TEMPLATES for s in _seeds_with(t, d, 2 if d == 1 else 1)]
 
 
-def _materialise(root: Path, seed: int, difficulty: int, split: str = "train") -> Path:
-    d = root / task_id("files", seed, difficulty)
-    for rel, (content, executable) in render(files_family.draft(seed, difficulty), family="files", seed=seed,
+def _materialise(root: Path, seed: int, difficulty: int, split: str = "train", family: str = "files") -> Path:
+    """One generated task of ``family`` written out, without the generator's CLI (its tests are below)."""
+    d = root / task_id(family, seed, difficulty)
+    for rel, (content, executable) in render(FAMILIES[family].draft(seed, difficulty), family=family, seed=seed,
                                              split=split, answer="Done.").items():
         p = d / rel
         p.parent.mkdir(parents=True, exist_ok=True)

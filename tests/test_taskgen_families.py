@@ -15,8 +15,8 @@ import pytest
 
 from rollout import generate_tasks, load_task
 from rollout._taskgen import FAMILIES, plan
-from rollout._taskgen._render import render, task_id
 from tests.test_example_tasks import Rollout
+from tests.test_taskgen import _materialise as materialise
 from tests.test_taskgen import _bash, replay
 
 NEW = ("check", "recover", "plan")
@@ -43,14 +43,7 @@ CASES = _cases()
 
 
 def _materialise(root: Path, family: str, seed: int, difficulty: int) -> Path:
-    d = root / task_id(family, seed, difficulty)
-    for rel, (content, executable) in render(FAMILIES[family].draft(seed, difficulty), family=family, seed=seed,
-                                             split="train", answer="Done.").items():
-        p = d / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content)
-        p.chmod(0o755 if executable else 0o644)
-    return d
+    return materialise(root, seed, difficulty, family=family)
 
 
 @pytest.fixture
