@@ -231,11 +231,20 @@ def run(torch, model, batches, step_fn, tokens_of, params: int) -> dict:
             **{k: v for k, v in first.items() if k != "clipfrac"}}
 
 
+def weigh_negatives(samples: list[dict], weight: float) -> list[dict]:
+    """Negative advantages scaled by ``weight`` (1: GRPO as is; 0: only the group's better-than-average samples pull,
+    the rest then have advantage 0 and are dropped). The positive ones are left alone."""
+    if weight == 1.0:
+        return samples
+    return [dict(s, advantage=s["advantage"] * weight) if s["advantage"] < 0 else s for s in samples]
+
+
 def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
     fits = [s for s in samples if 0 < len(s["prompt_ids"]) + len(s["response_ids"]) <= ARGS.max_len
             and sum(s["response_mask"]) > 0]
     if not fits:
         raise StepError("no sample has policy tokens within --max-len")
+    fits = weigh_negatives(fits, ARGS.negative_weight)
     # No KL and no entropy term: a zero-advantage sample's gradient is exactly zero, so it is not computed (DAPO's
     # dynamic sampling drops such groups too); it would only have enlarged token-mean's denominator.
     used = [s for s in fits if s["advantage"] != 0] if ARGS.drop_zero_advantage else fits
@@ -256,7 +265,7 @@ def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
             "masked_tokens": sum(sum(s["response_mask"]) for s in used),
             "nonzero_advantages": sum(1 for s in fits if s["advantage"] != 0),
             "samples_without_logprobs": sum(1 for s in used if s.get("response_logprobs") is None),
-            "loss_agg": ARGS.loss_agg, "clip": [ARGS.clip_low, ARGS.clip_high, ARGS.clip_c], **out}
+            "negative_weight": ARGS.negative_weight, "loss_agg": ARGS.loss_agg, "clip": [ARGS.clip_low, ARGS.clip_high, ARGS.clip_c], **out}
 
 
 def train_sft(torch, model, tok, samples: list[dict], params: int) -> dict:
@@ -315,6 +324,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--clip-low", type=float, default=0.2)
     ap.add_argument("--clip-high", type=float, default=0.2)
     ap.add_argument("--clip-c", type=float, default=3.0, help="dual-clip bound for negative advantages (veRL: 3)")
+    ap.add_argument("--negative-weight", type=float, default=1.0,
+                    help="scale of negative advantages (1: GRPO; 0: only better-than-average samples train)")
     ap.add_argument("--keep-zero-advantage", dest="drop_zero_advantage", action="store_false",
                     help="compute zero-advantage samples too (their gradient is zero; they only enlarge "
                     "token-mean's denominator)")
@@ -334,6 +345,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: pass 1 or more")
     if args.max_seconds is not None and args.max_seconds <= 0:
         ap.error(f"--max-seconds {args.max_seconds}: pass a positive number of seconds")
+    if not 0 <= args.negative_weight <= 1:
+        ap.error(f"--negative-weight {args.negative_weight}: a scale of negative advantages in [0, 1] (1: GRPO)")
     if args.lora_rank < 0:
         ap.error(f"--lora-rank {args.lora_rank}: pass 0 (every weight) or a rank of 1 or more")
     if args.lora_rank and args.optimizer_state:

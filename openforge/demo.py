@@ -50,6 +50,8 @@ def demo_command(
                                  "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr. GRPO)."),
     clip_high: float = typer.Option(GrpoRecipe.clip_high, "--clip-high", help="Upper PPO clip (clip-higher); the "
                                     "lower one is 0.2."),
+    negative_weight: float = typer.Option(GrpoRecipe.negative_weight, "--negative-weight", help="Scale of negative "
+                                          "advantages (1: GRPO; 0: only better-than-average rollouts train)."),
     dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
                                  "group's std)."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="A new AdamW every round instead of one "
@@ -86,7 +88,7 @@ def demo_command(
                 recipe = GrpoRecipe(rounds=rounds, tasks_per_round=tasks_per_round, group_size=group_size,
                                     temperature=temperature, lr=grpo_lr, epochs=grpo_epochs,
                                     batch_size=grpo_batch_size or None, loss_agg=loss_agg, clip_high=clip_high,
-                                    norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
+                                    negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
                                     lora_rank=lora_rank)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,

@@ -28,6 +28,7 @@ class GrpoRecipe:
     loss_agg: str = "seq-mean-token-mean"  # veRL's loss_agg_mode: every sample weighs the same
     clip_low: float = 0.2
     clip_high: float = 0.28       # DAPO's clip-higher
+    negative_weight: float = 1.0  # scale of negative advantages (1: GRPO; 0: only the better-than-average pull)
     norm_by_std: bool = True      # GRPO's advantage; False: Dr. GRPO (mean-centred only)
     keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
@@ -53,6 +54,9 @@ class GrpoRecipe:
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise RecipeError(f"--clip-low {self.clip_low} / --clip-high {self.clip_high}: the PPO clip range is "
                               "[1 - low, 1 + high] with 0 <= low < 1 and high >= 0, e.g. 0.2 / 0.28")
+        if not 0 <= self.negative_weight <= 1:
+            raise RecipeError(f"--negative-weight {self.negative_weight}: a scale of negative advantages in [0, 1] "
+                              "(1: GRPO, 0: positive advantages only)")
         if self.lora_rank < 0:
             raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
         if self.precision not in ("bf16", "fp32"):
@@ -61,7 +65,8 @@ class GrpoRecipe:
     def train_options(self) -> dict:
         """``learner.train``'s keywords for one round's update (the optimizer state file is the loop's)."""
         return {"lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size, "loss_agg": self.loss_agg,
-                "clip_low": self.clip_low, "clip_high": self.clip_high, "precision": self.precision,
+                "clip_low": self.clip_low, "clip_high": self.clip_high,
+                "negative_weight": self.negative_weight, "precision": self.precision,
                 "lora_rank": self.lora_rank or None}
 
     @property

@@ -131,3 +131,26 @@ def test_openforge_train_refuses_with_the_reason(store, tmp_path):
     r = CliRunner().invoke(app, ["--sft", "--shard", str(shard), "--python", str(NO_TORCH), "--store", store.url],
                            env={"COLUMNS": "300", "OPENFORGE_HOME": str(tmp_path / "home")})
     assert r.exit_code == 2 and "trains grpo, not sft" in r.output, r.output
+
+
+def test_negative_weight_scales_only_the_negative_advantages():
+    from learner.train_step import parse, weigh_negatives
+
+    samples = [{"advantage": 1.5}, {"advantage": -0.5}, {"advantage": 0.0}, {"advantage": -2.0}]
+    assert weigh_negatives(samples, 1.0) is samples
+    assert [s["advantage"] for s in weigh_negatives(samples, 0.25)] == [1.5, -0.125, 0.0, -0.5]
+    assert [s["advantage"] for s in weigh_negatives(samples, 0.0)] == [1.5, 0.0, 0.0, 0.0]
+    assert [s["advantage"] for s in samples] == [1.5, -0.5, 0.0, -2.0]   # the inputs are not changed
+    base = ["--samples", "s.jsonl", "--base", "b", "--out", "o"]
+    assert parse(base).negative_weight == 1.0
+    with pytest.raises(SystemExit):
+        parse(base + ["--negative-weight", "1.5"])
+
+
+def test_the_recipe_refuses_a_negative_weight_out_of_range():
+    from openforge.loop_recipe import GrpoRecipe, RecipeError
+
+    GrpoRecipe(negative_weight=0.0).check()
+    with pytest.raises(RecipeError, match="--negative-weight -0.1"):
+        GrpoRecipe(negative_weight=-0.1).check()
+    assert GrpoRecipe(negative_weight=0.0).train_options()["negative_weight"] == 0.0
