@@ -168,7 +168,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     ``algorithm`` ("grpo" / "sft"), when given, must match the shard. ``lr``, ``epochs``, ``steps`` and
     ``batch_size`` default to the step script's (GRPO: lr 1e-5, one step over the whole shard; SFT: lr 1e-4,
     batch 8, 3 epochs); ``max_seconds`` ends the update after the step that spends that much training time.
-    ``precision`` is "bf16" (autocast, the default) or "fp32". ``optimizer_state`` is a file AdamW's state is
+    ``precision`` is "auto" (the step's default: bf16 where the CPU computes bfloat16 natively, else fp32), "bf16"
+    (autocast) or "fp32". ``optimizer_state`` is a file AdamW's state is
     resumed from (when it exists) and saved to, so that a chain of updates keeps one optimizer. ``loss_agg``,
     ``clip_low`` and ``clip_high`` are veRL's ``loss_agg_mode`` and PPO clip range (GRPO). ``negative_weight`` scales negative advantages (1: GRPO). ``lora_rank`` trains a
     low-rank adapter on every projection and merges it (no optimizer state then). ``seed`` seeds the

@@ -154,3 +154,21 @@ def test_the_recipe_refuses_a_negative_weight_out_of_range():
     with pytest.raises(RecipeError, match="--negative-weight -0.1"):
         GrpoRecipe(negative_weight=-0.1).check()
     assert GrpoRecipe(negative_weight=0.0).train_options()["negative_weight"] == 0.0
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_has_native_bfloat16():
+    from types import SimpleNamespace
+
+    from learner.train_step import resolve_precision
+
+    def fake_torch(native):
+        def probe():
+            if native is None:
+                raise RuntimeError("no such op")
+            return native
+        return SimpleNamespace(ops=SimpleNamespace(mkldnn=SimpleNamespace(_is_mkldnn_bf16_supported=probe)))
+
+    assert resolve_precision(fake_torch(True), "auto") == "bf16"
+    assert resolve_precision(fake_torch(False), "auto") == "fp32"
+    assert resolve_precision(fake_torch(None), "auto") == "fp32"   # a torch without the probe
+    assert resolve_precision(fake_torch(False), "bf16") == "bf16"  # asked for: given, however slow
