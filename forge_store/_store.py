@@ -252,7 +252,7 @@ class Store(StoreReads):
     def known_call_ids(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` are stored calls (to check that every call a client was answered arrived)."""
         found: set[str] = set()
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             for i in range(0, len(ids), 500):
                 found.update(conn.execute(sa.select(schema.Call.id).where(schema.Call.id.in_(ids[i:i + 500])))
                              .scalars())
