@@ -1,5 +1,6 @@
 """The lineage store: every part of OpenForge writes to it or reads from it through ``Store``."""
 
+from ._backoff import Backoff
 from ._blobs import BlobStore, LocalBlobStore, ObjectBlobStore, open_blob_store
 from ._call_draft import CallDraft
 from ._call_summaries import CallSummary
@@ -52,6 +53,7 @@ __all__ = [
     "FINISH_REASON_MAX",
     "OUTCOMES",
     "REWARD_SOURCES",
+    "Backoff",
     "BlobCorrupt",
     "BlobNotFound",
     "BlobStore",

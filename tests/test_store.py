@@ -234,7 +234,7 @@ def test_public_surface_is_pinned():
     import forge_store
 
     assert sorted(forge_store.__all__) == sorted([
-        "ANALYSIS_VIEWS", "EXCLUSION_REASONS", "FINISH_REASON_MAX", "IdsText", "CallDraft",
+        "ANALYSIS_VIEWS", "EXCLUSION_REASONS", "FINISH_REASON_MAX", "IdsText", "CallDraft", "Backoff",
         "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt",
         "BlobNotFound", "BlobStore", "CallRecord", "CallSummary", "EventInfo", "InvalidRecord", "JournalCorrupt",
         "JournalError", "JournalLocked",
