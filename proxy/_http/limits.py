@@ -98,7 +98,7 @@ def refusal(status: int, body: bytes, content_type: str = "application/json") ->
 
 
 class Limited:
-    """The part of ``connection.Connection`` that holds it to its limits: the read deadline, the pause of reading
+    """The part of ``connection.ClientConnection`` that holds it to its limits: the read deadline, the pause of reading
     while pipelined requests wait, the write deadline, the refusals that close a connection."""
 
     def _linger_close(self) -> None:
@@ -111,10 +111,10 @@ class Limited:
     def _refuse_connection(self) -> None:
         """Over the connection cap: a short 503 (a JSON error, ``Retry-After``), then the close."""
         self.stop_reading = self.refused = True
-        self.front.lingering += 1
-        reply = self.app.error_reply(too_many_connections(self.front.max_connections), "/")
+        self.server.lingering += 1
+        reply = self.app.error_reply(too_many_connections(self.server.max_connections), "/")
         self.transport.write(refusal(reply.status, reply.body, reply.content_type))
-        if self.front.lingering > _MAX_LINGERING:  # a flood of them: descriptors matter more than a lost answer
+        if self.server.lingering > _MAX_LINGERING:  # a flood of them: descriptors matter more than a lost answer
             self.transport.close()
         else:
             self._linger_close()
