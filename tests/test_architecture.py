@@ -22,6 +22,16 @@ PARTS = ("openforge", "forge_store", "proxy", "rollout", "learner", "dashboards"
 LONG_MODULES: dict[str, str] = {}
 
 PUBLIC = {
+    # The store's API: a proxy records a call through a CallDraft (begin_call, start, finish); the encoder's types
+    # (PendingPrompt, PromptPart) stay private, as its journal and writers do (issue 31).
+    "forge_store": ["ANALYSIS_VIEWS", "Backoff", "BlobCorrupt", "BlobNotFound", "BlobStore", "CallDraft", "CallRecord",
+                    "CallSummary", "EXCLUSION_REASONS", "EventInfo", "FINISH_REASON_MAX", "IdsText", "InvalidRecord",
+                    "JournalCorrupt", "JournalError", "JournalLocked", "LocalBlobStore", "Location", "NotFound",
+                    "OUTCOMES", "ObjectBlobStore", "ObjectNotFound", "ObjectStoreError", "REWARD_SOURCES",
+                    "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings", "Stats", "Store",
+                    "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
+                    "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
+                    "latest_reward", "open_blob_store", "open_location", "open_store", "sha256_hex"],
     "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
                       "default_cache_dir", "ensure_env", "ensure_model"],
@@ -58,7 +68,7 @@ def test_import_contracts_hold():
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_public_surface_is_pinned(module):
-    """What other parts may import from ``module``; a change here is an API change (forge_store's: test_store.py)."""
+    """What other parts may import from ``module``; a change here is an API change."""
     mod = importlib.import_module(module)
     assert sorted(mod.__all__) == sorted(PUBLIC[module])
     for name in mod.__all__:

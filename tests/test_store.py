@@ -229,29 +229,6 @@ def test_call_drafts_finish_concurrently(store):
     assert sum(len(store.calls(f"r{k}")) for k in range(3)) == 30
 
 
-def test_public_surface_is_pinned():
-    """Other parts import only what forge_store exports; a change here is an API change."""
-    import forge_store
-
-    assert sorted(forge_store.__all__) == sorted([
-        "ANALYSIS_VIEWS", "EXCLUSION_REASONS", "FINISH_REASON_MAX", "IdsText", "CallDraft", "Backoff",
-        "OUTCOMES", "REWARD_SOURCES", "BlobCorrupt",
-        "BlobNotFound", "BlobStore", "CallRecord", "CallSummary", "EventInfo", "InvalidRecord", "JournalCorrupt",
-        "JournalError", "JournalLocked",
-        "LocalBlobStore", "NotFound", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings",
-        "Stats", "Store", "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "Trajectory", "Window",
-        "canonical_json", "connect_duckdb", "get_settings", "json_sha256", "latest_reward", "open_store",
-        "sha256_hex",
-        # object storage (issue 23)
-        "Location", "ObjectBlobStore", "ObjectNotFound", "ObjectStoreError", "is_url", "open_blob_store",
-        "open_location",
-        # batched exports (issue 23)
-        "TokenCall",
-    ])
-    for name in forge_store.__all__:
-        assert hasattr(forge_store, name), name
-
-
 def test_prompt_ids_as_text_store_the_same_ids_and_deltas_as_lists(store):
     """The proxy hands prompt ids over as the engine's JSON text (IdsText): same ids read back, same deltas."""
     import random
