@@ -32,7 +32,7 @@ PUBLIC = {
                     "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
                     "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
                     "latest_reward", "open_blob_store", "open_location", "open_store", "sha256_hex"],
-    "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "UpstreamFailure", "build_proxy"],
+    "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "ProxySettings", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
                       "default_cache_dir", "ensure_env", "ensure_model"],
     "proxy.testing": ["ChatTokenizer", "Conversations", "Delay", "EngineReplicas", "HTTPError", "RecordedRequest",
@@ -139,3 +139,21 @@ def test_no_part_imports_the_roof():
         for path in (ROOT / part).rglob("*.py"):
             text = path.read_text()
             assert "from openforge" not in text and "import openforge" not in text, path
+
+
+def test_every_setting_is_documented_in_one_place():
+    """One environment scheme for every part's settings, listed in docs/configuration.md (each part owns its own
+    settings class: the store's ``Settings``, the proxy's ``ProxySettings``)."""
+    from forge_store import Settings
+    from proxy import ProxySettings
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = []
+    for cls in (Settings, ProxySettings):
+        for name, info in cls.model_fields.items():
+            names = [a for a in getattr(info.validation_alias, "choices", ()) or () if isinstance(a, str)]
+            for env in names or [cls.model_config["env_prefix"] + name.upper()]:
+                if f"`{env}`" not in doc:
+                    missing.append(env)
+    assert not missing, f"settings not in docs/configuration.md: {missing}"
+    assert not any(n.startswith("proxy_") for n in Settings.model_fields), "the proxy's settings are ProxySettings'"

@@ -305,10 +305,14 @@ MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "pr
 
 
 def _settings_env_names() -> set[str]:
+    from proxy import ProxySettings
+
     names = set()
-    for field, info in Settings.model_fields.items():
-        names.add(f"OPENFORGE_{field.upper()}")
-        names.update(a for a in getattr(info.validation_alias, "choices", ()) if isinstance(a, str) and a.isupper())
+    for cls in (Settings, ProxySettings):
+        prefix = cls.model_config["env_prefix"]
+        for field, info in cls.model_fields.items():
+            names.add(f"{prefix}{field.upper()}")
+            names.update(a for a in getattr(info.validation_alias, "choices", ()) if isinstance(a, str) and a.isupper())
     return names
 
 
