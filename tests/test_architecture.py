@@ -53,8 +53,7 @@ PUBLIC = {
                 "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct",
                 "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify",
                 "verify_at", "version_tasks", "wilson_interval"],
-    "forge_store.testing": ["REACT_TOOLS", "SeaweedFS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store",
-                            "weed_binary"],
+    "forge_store.testing": ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"],
 }
 
 
