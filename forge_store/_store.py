@@ -7,7 +7,6 @@ default for long-running writers such as the proxy and the orchestrator) or stra
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -21,18 +20,19 @@ import sqlalchemy as sa
 from . import _migrate as migrate
 from . import _schema as schema
 from ._blobs import BlobStore, open_blob_store
+from ._call_draft import CallDraft
 from ._engine import create_engine, redact_url
 from ._errors import InvalidRecord, StoreUnavailable
 from ._hashing import json_sha256, sha256_hex
 from ._records import EXCLUSION_REASONS, OUTCOMES, REWARD_SOURCES, CallRecord
 from ._settings import Settings, get_settings
 from ._store_reads import StoreReads
-from ._write.call_encoder import CallEncoder, PromptPart
+from ._write.call_encoder import CallEncoder
 from ._write.db_apply import apply_ops, check_lengths
 from ._write.journal import Journal
 from ._write.op_codec import pack_op
 from ._write.process_writer import ProcessWriter
-from ._write.prompt_cache import PendingPrompt, Prepare
+from ._write.prompt_cache import Prepare as Redact
 from ._write.thread_writer import ThreadWriter
 
 log = logging.getLogger("forge_store")
@@ -95,76 +95,27 @@ class Store(StoreReads):
         else:
             self._writer.submit(op).result()
 
-    async def _write_async(self, op: dict) -> None:
-        if self._writer is None:
-            await asyncio.to_thread(self._write, op)
-            return
-        if not self._writer.journal.fsync:  # journaled in this thread: no hop through the loop's self-pipe
-            self._writer.journal_now(op)
-        else:
-            await asyncio.wrap_future(self._writer.submit(op))
-
     def record_call(self, rec: CallRecord) -> str:
         """Record one model call; returns its id. Recording the same id again leaves one row."""
-        op = self._encoder.encode(rec)
-        if op is not None:
-            try:
-                self._write(op)
-            except BaseException:
-                self._encoder.reset()
-                raise
-        return rec.id
+        return CallDraft(self._encoder, self._writer, self._write, None, rec).finish_now()
 
-    def prompt(self, rollout_id: str | None, messages: list, tools: list | None = None, *,
-               prepare: Prepare | None = None) -> PendingPrompt:
-        """A call's prompt as the client sent it, on its way to a ``CallRecord``: compared with the rollout's previous
-        prompt (cheap; reused copies and hashes make a call cost O(new messages)). ``prompt.prepare()`` then makes
-        the stored copies of the new messages: inline images moved to the blob store (``InvalidRecord`` for one that
-        is not base64), then ``prepare(message, marks)`` (the proxy's redaction; it adds what it did to ``marks``).
-        ``holds_images`` says ``prepare()`` writes blobs: a caller on an event loop runs it in a thread then. Build
-        the record from ``prompt.messages`` / ``image_hashes`` and pass the prompt to ``encode_prompt``."""
-        return self._encoder.prompt(rollout_id, messages, tools, put_blob=self.put_blob, prepare=prepare)
+    def begin_call(self, rollout_id: str | None, messages: list, tools: list | None = None, *,
+                   redact: Redact | None = None) -> CallDraft:
+        """One model call as one unit of work: ``draft.start(...)`` while the upstream works, ``await
+        draft.finish()`` once its answer (or error) is in the record (see ``forge_store._call_draft``).
 
-    def encode_prompt(self, rec: CallRecord, prompt: PendingPrompt | None = None) -> PromptPart:
-        """The request side of recording ``rec`` (its messages' and tools' hashes, its delta, its request hash:
-        ``part.request_hash``), for a caller that has time while the answer is on its way; pass the result to
-        ``record_call_async(rec, part)``. ``prompt``: from ``Store.prompt``, prepared, whose copies are
-        ``rec.messages``; without it ``rec.messages`` are stored as they are.
-
-        With a journal, the message and tool bodies new to it are journaled here, ahead of the call (with fsync on,
-        queued without waiting: the call's own record comes later in the journal, and waiting for it covers them),
-        so the call's record carries only what the answer adds. Raises if the journal cannot take them."""
-        part = self._encoder.encode_prompt(rec, prompt)
-        if self._writer is not None:
-            op = self._encoder.ahead(part)
-            if op is not None:
-                try:
-                    if self._writer.journal.fsync:
-                        self._writer.submit(op)
-                    else:
-                        self._writer.journal_now(op)
-                except BaseException:
-                    self._encoder.reset()
-                    raise
-                self._encoder.journaled(part)
-        return part
+        ``messages`` / ``tools``: the prompt as the client sent it, compared here with the rollout's previous prompt
+        (cheap; reused copies and hashes make a call cost O(new messages)). The stored copies move inline images to
+        the blob store, then apply ``redact(value, marks)`` (the stored form of a message or of the tool list; it
+        adds the rules that fired to ``marks``) to each new message and to the tool schemas."""
+        prompt = self._encoder.prompt(rollout_id, messages, tools, put_blob=self.put_blob, prepare=redact)
+        return CallDraft(self._encoder, self._writer, self._write, prompt)
 
     def forget_rollout(self, rollout_id: str) -> None:
         """The rollout makes no more calls through this store: drop what recording them kept in memory (its last
         prompt and delta base). ``finish_rollout`` does it too; a later call of the rollout would only be stored
         whole, not as a delta."""
         self._encoder.forget(rollout_id)
-
-    async def record_call_async(self, rec: CallRecord, prompt: PromptPart | None = None) -> str:
-        """``record_call`` for event loops: returns once the call is durable, without blocking the loop."""
-        op = self._encoder.encode(rec, prompt)
-        if op is not None:
-            try:
-                await self._write_async(op)
-            except BaseException:
-                self._encoder.reset()
-                raise
-        return rec.id
 
     def register_task(self, id: str, *, source=None, domain=None, instruction_hash=None, verifier_hash=None,
                       environment_ref=None, metadata=None, created_at: datetime | None = None) -> str:
@@ -301,7 +252,7 @@ class Store(StoreReads):
     def known_call_ids(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` are stored calls (to check that every call a client was answered arrived)."""
         found: set[str] = set()
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             for i in range(0, len(ids), 500):
                 found.update(conn.execute(sa.select(schema.Call.id).where(schema.Call.id.in_(ids[i:i + 500])))
                              .scalars())

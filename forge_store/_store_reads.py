@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 
@@ -13,6 +14,7 @@ from . import _replica_reads as replica_reads
 from . import _schema as schema
 from ._blobs import BlobStore
 from ._call_summaries import CallSummary, call_summaries
+from ._errors import StoreUnavailable
 from ._images import restore_images
 from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall, Trajectory
 from ._rewards import check_sources
@@ -30,21 +32,35 @@ class StoreReads:
 
     engine: sa.Engine
     blobs: BlobStore
+    url: str
+
+    @contextmanager
+    def _reading(self) -> Iterator[sa.Connection]:
+        """A connection for one read. A database that refuses, breaks or has no connection to spare is
+        ``StoreUnavailable``: clients catch the store's errors, never its driver's."""
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except (sa.exc.DBAPIError, sa.exc.TimeoutError) as exc:
+            orig = getattr(exc, "orig", None)
+            reason = (str(orig).strip().splitlines() or [""])[0] if orig is not None else exc.__class__.__name__
+            raise StoreUnavailable(f"the store at {self.url} cannot be read now ({reason}); check that its database "
+                                   "is running and reachable, then retry") from exc
 
     def get_blob(self, sha256: str) -> bytes:
         return self.blobs.get(sha256)
 
     def watermark(self) -> int:
         """The highest ingest sequence number committed: every row at or below it is visible, forever."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return conn.execute(sa.select(schema.IngestCounter.value).where(schema.IngestCounter.id == 1)).scalar_one()
 
     def rollout(self, rollout_id: str, *, as_of: int | None = None) -> RolloutInfo:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.rollout(conn, rollout_id, as_of)
 
     def iter_rollouts(self, flt: RolloutFilter | None = None, *, as_of: int | None = None) -> Iterator[RolloutInfo]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             yield from reads.iter_rollouts(conn, flt, as_of)
 
     def group_index(self, *, as_of: int | None = None) -> Iterator[tuple[str | None, str | None, int, int]]:
@@ -52,26 +68,26 @@ class StoreReads:
         a row per rollout without a group (group id None), with how many of its rollouts had finished and how
         many there were; for readers that walk a whole store group by group and read the records run by run
         (``group_rollouts``, ``rollouts``) without holding a row per rollout."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             yield from group_reads.group_index(conn, as_of)
 
     def group_rollouts(self, group_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, list[RolloutInfo]]:
         """Group id -> its rollouts (as ``rollout`` reads them), in id order, for many groups at once."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return group_reads.group_rollouts(conn, group_ids, as_of)
 
     def calls(self, rollout_id: str, *, as_of: int | None = None, damage: dict | None = None) -> list[StoredCall]:
         """A rollout's calls in order, prompts and token ids resolved. A call the store cannot give back (the
         database refused it; or its stored delta lost its base) is left out, the rest are returned: ``damage``
         (a dict) receives rollout id -> ``[{"call_id", "seq", "why"}]``; without it the damage is logged."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.calls(conn, rollout_id, as_of, damage)
 
     def calls_by_rollout(self, rollout_ids: Sequence[str], *, as_of: int | None = None,
                          damage: dict | None = None) -> dict[str, list[StoredCall]]:
         """``calls`` of many rollouts at once (rollout id -> its calls in order; [] for a rollout without calls);
         ``damage`` as for ``calls``."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.calls_by_rollout(conn, rollout_ids, as_of, damage=damage)
 
     def token_calls(self, rollout_ids: Sequence[str], *, as_of: int | None = None,
@@ -79,29 +95,29 @@ class StoreReads:
         """The calls of many rollouts as a token-level export reads them (:class:`TokenCall`: token arrays as raw
         bytes, no prompt messages but those of each rollout's first call): one query per 500 rollouts, the same
         calls in the same order as ``calls_by_rollout``, and the same ``damage``."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return token_calls(conn, rollout_ids, as_of, damage=damage)
 
     def rollouts(self, rollout_ids: Sequence[str], *, as_of: int | None = None) -> dict[str, RolloutInfo]:
         """Rollout id -> ``rollout(id, as_of=...)`` for many ids at once; ids not in the store are left out."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.rollouts_by_id(conn, rollout_ids, as_of)
 
     def call(self, call_id: str) -> StoredCall:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.call(conn, call_id)
 
     def find_call(self, rollout_id: str, key: str, value: str) -> StoredCall:
         """The call of ``rollout_id`` whose metadata holds ``key: value`` (a client's own handle on a call, such as
         the proxy's Responses id), its prompt resolved; ``NotFound`` if none is in the database (yet). One indexed
         read of the rollout's call rows, then the one call's prompt."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return replica_reads.find_call(conn, rollout_id, key, value)
 
     def ended_rollouts(self, rollout_ids: Sequence[str], event_kind: str | None = None) -> set[str]:
         """Which of ``rollout_ids`` have finished, or (with ``event_kind``) have an event of that kind: one query
         per 500 of them (a proxy replica asks which of the rollouts it serves another replica ended)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return replica_reads.ended_rollouts(conn, rollout_ids, event_kind)
 
     def restore_images(self, messages: list) -> list:
@@ -111,12 +127,12 @@ class StoreReads:
 
     def call_summaries(self, rollout_ids: Sequence[str]) -> dict[str, list[CallSummary]]:
         """Light views of many rollouts' calls for behaviour analysis (:class:`CallSummary`), in order."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return call_summaries(conn, rollout_ids)
 
     def rewards(self, rollout_id: str, *, as_of: int | None = None) -> list[RewardInfo]:
         """Every reward row of a rollout, in ingest order (superseded ones too)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.rewards(conn, rollout_id, as_of)
 
     def latest_rewards(self, rollout_ids: Sequence[str], *, sources: Collection[str] | None = None,
@@ -124,26 +140,26 @@ class StoreReads:
         """Rollout id -> the reward that counts: its latest from ``sources`` (None: any source; see
         :mod:`forge_store._rewards`). Rollouts without such a reward are left out."""
         sources = check_sources(sources)
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.latest_rewards(conn, rollout_ids, sources, as_of)
 
     def exclusion_reasons(self, rollout_ids: Sequence[str] | None = None) -> dict[str, set[str]]:
         """Rollout id -> why it was excluded from training data (by any export); None reads every rollout."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.exclusion_reasons(conn, rollout_ids)
 
     def events(self, rollout_id: str, *, as_of: int | None = None) -> list[EventInfo]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.events(conn, rollout_id, as_of)
 
     def lineage(self, kind: str, *, as_of: int | None = None, ids: Sequence[str] | None = None) -> list[dict]:
         """All rows of ``tasks``, ``harnesses``, ``policy_versions`` or ``rollout_groups`` (in ingest order); with
         ``ids``, only the rows of those ids (one query however many: an export reads a run's groups so)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return reads.lineage(conn, kind, as_of, ids)
 
     def trajectory(self, rollout_id: str, *, as_of: int | None = None) -> Trajectory:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return Trajectory(
                 rollout=reads.rollout(conn, rollout_id, as_of),
                 calls=reads.calls(conn, rollout_id, as_of),
@@ -153,7 +169,7 @@ class StoreReads:
 
     def counts(self) -> dict[str, int]:
         """Row count of every table."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
                     for t in schema.Base.metadata.sorted_tables}
 

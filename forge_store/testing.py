@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from . import CallRecord, Store
-from ._seaweedfs import SeaweedFS, weed_binary
 
-__all__ = ["REACT_TOOLS", "T0", "SeaweedFS", "Turn", "agent_calls", "png_1px", "seed_demo_store", "weed_binary"]
+__all__ = ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"]
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -15,7 +15,7 @@ from ._plan import ExportConfig
 from ._query import QueryError, parse_where
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
 from ._report import comparison_rows, print_comparison, print_table
-from ._shard import export_to, verify_at
+from ._export_location import export_to, verify_at
 from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_rubrics, tool_steps, wilson_interval
 from ._train import TrainError, TrainResult, train
 

@@ -76,7 +76,7 @@ def export_command(
 
     from ._export import ExportError
     from ._plan import ExportConfig
-    from ._shard import export_to
+    from ._export_location import export_to
     from ._query import QueryError
 
     from forge_store import REWARD_SOURCES
@@ -115,7 +115,7 @@ def verify_command(manifest: str = typer.Argument(..., help="The export's manife
     from forge_store import StoreError, is_url
 
     from ._export import ExportError
-    from ._shard import verify_at
+    from ._export_location import verify_at
 
     if not is_url(manifest) and not Path(manifest).is_file():
         _fail(f"{manifest}: no such manifest; pass the manifest.json inside an export folder")

@@ -32,7 +32,7 @@ from ._export_workers import default_workers, forkable, plan_in_workers
 from ._formats import get_exporter
 from ._plan import Exclusion, ExportConfig, ExportError, Planner
 from ._rollout_facts import collector_paused
-from ._run_facts import latest, note_lineage
+from ._export_notes import latest, note_lineage
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

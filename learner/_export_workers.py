@@ -27,7 +27,7 @@ from forge_store import is_url
 
 from . import _columns as columns
 from ._plan import Planner, Tally
-from ._run_facts import latest, note_lineage
+from ._export_notes import latest, note_lineage
 
 # A store of this many finished rollouts and more is worth workers: below it they cost more than they save.
 MIN_ROLLOUTS = 2_000

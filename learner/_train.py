@@ -25,7 +25,7 @@ from pathlib import Path
 from forge_store import Store
 
 from ._export import FORMAT_VERSION, MANIFEST, _sha256
-from ._shard import read_rows
+from ._export_location import read_rows
 
 STEP_SCRIPT = Path(__file__).with_name("train_step.py")
 ALGORITHMS = {"verl": "grpo", "sft": "sft"}   # export format -> what trains on it

@@ -141,6 +141,7 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
     from contextlib import ExitStack
 
     from forge_store import get_settings, open_store
+    from proxy import ProxySettings
     from rollout import get_backend, get_harness
 
     t0, started, rep = time.monotonic(), utcnow(), DemoReport()
@@ -159,7 +160,7 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
         check_port(cfg.port)
     with ExitStack() as stack:
         store = open_store(cfg.store, journal=True, name="demo",
-                           settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}))
+                           settings=settings.model_copy(update={"journal_fsync": ProxySettings().journal_fsync}))
         stack.callback(store.close)
         upstream, model, base = _serve_engine(cfg, store, stack, console, rep) if not cfg.upstream else \
             (cfg.upstream, model, None)

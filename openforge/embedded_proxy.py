@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy import HttpLimits, HttpServer, build_proxy
+from proxy import HttpLimits, HttpServer, ProxySettings, build_proxy
 from rollout import AdminClient, ProxyUnavailable
 
 
@@ -27,9 +27,12 @@ class EmbeddedProxy:
     free loopback port and on a Unix socket that sandboxes reach."""
 
     def __init__(self, upstream_url: str, *, store, settings, socket_path: Path, dialect: str = "vllm",
-                 policy_version: str | None = None, upstream_api_key: str | None = None):
+                 policy_version: str | None = None, upstream_api_key: str | None = None,
+                 proxy_settings: ProxySettings | None = None):
+        proxy_settings = proxy_settings if proxy_settings is not None else ProxySettings()
         self.proxy = build_proxy(upstream_url, settings=settings, store=store, dialect=dialect,
-                                 policy_version=policy_version, upstream_api_key=upstream_api_key)
+                                 policy_version=policy_version, upstream_api_key=upstream_api_key,
+                                 proxy_settings=proxy_settings)
         tcp = socket.socket()
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind(("127.0.0.1", 0))
@@ -40,8 +43,8 @@ class EmbeddedProxy:
         os.chmod(self.socket_path, 0o666)
         self.url = f"http://127.0.0.1:{tcp.getsockname()[1]}"
         self.admin_token = self.proxy.admin_token
-        self.server = HttpServer(self.proxy.app, max_body=settings.proxy_max_body_bytes, graceful_s=2,
-                                 limits=HttpLimits.from_settings(settings))
+        self.server = HttpServer(self.proxy.app, max_body=proxy_settings.max_body_bytes, graceful_s=2,
+                                 limits=HttpLimits.from_settings(proxy_settings))
         self.server.start_in_thread([tcp, uds], name="embedded-proxy", on_failure=lambda: ProxyUnavailable(
             "the embedded proxy did not start (see the log above)"))
 

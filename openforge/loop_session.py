@@ -21,6 +21,7 @@ class Session:
     def start(self) -> None:
         """Cheap checks first (bubblewrap, the harness, the port, the model cache), then the store, vLLM, the proxy."""
         from forge_store import get_settings, open_store
+        from proxy import ProxySettings
         from proxy.engines import VllmServer, default_cache_dir, ensure_env, ensure_model
         from rollout import AdminClient, get_backend
 
@@ -38,7 +39,7 @@ class Session:
         if cfg.port:
             check_port(cfg.port)
         self.store = open_store(cfg.store, journal=True, name="demo",
-                                settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}))
+                                settings=settings.model_copy(update={"journal_fsync": ProxySettings().journal_fsync}))
         self.stack.callback(self.store.close)
         with self.console.status("vLLM (CPU build) environment and SmolLM2-135M-Instruct with a tool template: "
                                  "cached after the first run (about 5 min the first time)"):

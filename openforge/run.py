@@ -94,6 +94,7 @@ def _merge(config: Path | None, given: dict, err) -> dict:
 
 def _run(opts: dict, err):
     from forge_store import get_settings, open_store
+    from proxy import ProxySettings
     from rollout import (
         AdminClient,
         Orchestrator,
@@ -128,7 +129,7 @@ def _run(opts: dict, err):
     try:
         if opts.get("upstream"):
             store = open_store(opts.get("store"), journal=True, name="run",
-                               settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}))
+                               settings=settings.model_copy(update={"journal_fsync": ProxySettings().journal_fsync}))
             embedded = EmbeddedProxy(opts["upstream"], store=store, settings=settings, socket_path=socket_path,
                                      dialect=opts["dialect"])
             admin = AdminClient(embedded.url, embedded.admin_token)

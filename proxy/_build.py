@@ -35,6 +35,7 @@ from ._redaction import Redactor
 from ._rollout_ledger import RolloutLedger
 from ._rollouts import RolloutRegistry
 from ._service import ProxyService
+from ._settings import ProxySettings
 from ._siblings import Siblings
 from ._upstream import Upstream, UpstreamPool, check_replicas
 
@@ -51,15 +52,18 @@ class Proxy:
 def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_url: str | None = None,
                 dialect: str = "vllm", journal_name: str = "proxy", upstream_api_key: str | None = None,
                 policy_version: str | None = None, store: Store | None = None,
-                replica_id: str | None = None, run_dir: Path | None = None) -> Proxy:
+                replica_id: str | None = None, run_dir: Path | None = None,
+                proxy_settings: ProxySettings | None = None) -> Proxy:
+    """``settings``: the store's (home, store URL, journal); ``proxy_settings``: the proxy's own (default: from the
+    environment)."""
     if dialect not in DIALECTS:
         raise ValueError(f"upstream dialect {dialect!r} unknown: use one of {', '.join(DIALECTS)}")
-    served = protocols({"responses": settings.proxy_responses_mode, "messages": settings.proxy_messages_mode})
-    redactor = Redactor(settings.proxy_redact)
+    ps = proxy_settings if proxy_settings is not None else ProxySettings()
+    served = protocols({"responses": ps.responses_mode, "messages": ps.messages_mode})
+    redactor = Redactor(ps.redact)
     home = settings.home
-    secret = (settings.proxy_token_secret.encode() if settings.proxy_token_secret
-              else load_or_create_secret(home / "proxy-secret"))
-    admin_token = settings.proxy_admin_token or load_or_create_secret(home / "proxy-admin-token").decode()
+    secret = ps.token_secret.encode() if ps.token_secret else load_or_create_secret(home / "proxy-secret")
+    admin_token = ps.admin_token or load_or_create_secret(home / "proxy-admin-token").decode()
     signer = TokenSigner(secret)
     if replica_id is not None:
         journal_name, settings = replica_journal(journal_name, replica_id, settings)
@@ -67,24 +71,23 @@ def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_
     state = siblings.read_state() if siblings is not None else None  # read after its socket is bound (the CLI's)
     if state is not None:  # the engine replicas as the last admin change left them (not probed again: all were)
         upstream_url, policy_version = [m["url"] for m in state["upstreams"]], state["policy_version"]
-    upstream = _pool(upstream_url, settings, dialect, upstream_api_key, probe=state is None)  # before the journal
+    upstream = _pool(upstream_url, ps, dialect, upstream_api_key, probe=state is None)  # before the journal
     if store is None:
         store = open_store(store_url, journal=True, name=journal_name, offline=True,
-                           settings=settings.model_copy(update={"journal_fsync": settings.proxy_journal_fsync}),
-                           drain="process" if settings.proxy_drain_process else "thread")
-    ledger = RolloutLedger(home / "proxy-rollouts" / f"{journal_name}.ledger", fsync=settings.proxy_journal_fsync)
-    rollouts = RolloutRegistry(store, signer, allow_unbound=settings.proxy_allow_unbound,
-                               pause_max_s=settings.proxy_pause_max_s, ledger=ledger, on_close=upstream.forget,
+                           settings=settings.model_copy(update={"journal_fsync": ps.journal_fsync}),
+                           drain="process" if ps.drain_process else "thread")
+    ledger = RolloutLedger(home / "proxy-rollouts" / f"{journal_name}.ledger", fsync=ps.journal_fsync)
+    rollouts = RolloutRegistry(store, signer, allow_unbound=ps.allow_unbound,
+                               pause_max_s=ps.pause_max_s, ledger=ledger, on_close=upstream.forget,
                                **(REPLICA_SYNC if replica_id is not None else {}))
     rollouts.policy_version = policy_version
-    rollouts.default_limits = Limits(settings.proxy_rollout_max_calls, settings.proxy_rollout_max_tokens,
-                                     settings.proxy_rollout_max_wall_s)
+    rollouts.default_limits = Limits(ps.rollout_max_calls, ps.rollout_max_tokens, ps.rollout_max_wall_s)
     if replica_id is not None:
         for protocol in served.served:
             if type(protocol) is Responses:  # translated: the conversations live here, and in the store for the others
                 protocol.memory.store = store
     service = ProxyService(store, upstream, rollouts, redactor=redactor, metrics=Metrics(), dialect=dialect,
-                           max_body_bytes=settings.proxy_max_body_bytes, replica_id=replica_id)
+                           max_body_bytes=ps.max_body_bytes, replica_id=replica_id)
     fleet = Fleet(store, rollouts, upstream, siblings)
     if state is not None:
         fleet.restore(state)
@@ -107,13 +110,13 @@ def replica_journal(journal_name: str, replica_id: str, settings: Settings) -> t
     return name, settings
 
 
-def _pool(urls: str | Sequence[str], settings: Settings, dialect: str, api_key: str | None,
+def _pool(urls: str | Sequence[str], settings: ProxySettings, dialect: str, api_key: str | None,
           probe: bool = True) -> UpstreamPool:
     """The engine replicas (``proxy._upstream.pool``). Several are probed first (unless not ``probe``): replicas
     of another engine or other models are refused here (ValueError: value, rule, fix); one alone is not (the proxy
     starts without it)."""
     urls = [urls] if isinstance(urls, str) else list(urls)
-    make = partial(Upstream, api_key=api_key, connect_timeout_s=settings.proxy_connect_timeout_s,
-                   read_timeout_s=settings.proxy_read_timeout_s)
+    make = partial(Upstream, api_key=api_key, connect_timeout_s=settings.connect_timeout_s,
+                   read_timeout_s=settings.read_timeout_s)
     infos = check_replicas(urls, dialect, make) if probe and len(urls) > 1 else None
     return UpstreamPool([make(u) for u in urls], dialect=dialect, make=make, infos=infos)

@@ -46,6 +46,7 @@ def proxy_command(
     from forge_store import JournalError, StoreError, get_settings
 
     from ._build import build_proxy
+    from ._settings import ProxySettings
 
     err = Console(stderr=True)
     if upstream_api_key is not None:
@@ -63,8 +64,8 @@ def proxy_command(
         err.print(f"[bold red]error:[/] --workers {workers}: the proxy needs at least one process; pass --workers 1 "
                   "or more")
         raise typer.Exit(2)
-    settings = get_settings()
-    api_key = _api_key(upstream_api_key_file, settings, err)
+    settings, proxy_settings = get_settings(), ProxySettings()
+    api_key = _api_key(upstream_api_key_file, proxy_settings, err)
     os.umask(0o077)  # what the proxy writes holds prompts: SQLite store, journal, blobs, dead letters, ledger
     if listen_fd is not None:
         import socket
@@ -79,31 +80,32 @@ def proxy_command(
 
         listeners.append(bind_private(run_dir, replica_id))
     if workers > 1:
-        raise typer.Exit(_supervise(listener, workers, replica_id, err, settings=settings, upstream=upstream,
+        raise typer.Exit(_supervise(listener, workers, replica_id, err, settings=settings,
+                                    proxy_settings=proxy_settings, upstream=upstream,
                                     store=store, dialect=dialect, journal=journal, policy_version=policy_version,
                                     upstream_api_key_file=upstream_api_key_file, log_level=workers_log, host=host,
                                     port=port))
     try:
         proxy = build_proxy(upstream, settings=settings, store_url=store, dialect=dialect, journal_name=journal,
                             upstream_api_key=api_key, policy_version=policy_version, replica_id=replica_id,
-                            run_dir=run_dir)
+                            run_dir=run_dir, proxy_settings=proxy_settings)
     except (StoreError, JournalError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    admin = ("admin token from OPENFORGE_PROXY_ADMIN_TOKEN" if settings.proxy_admin_token
+    admin = ("admin token from OPENFORGE_PROXY_ADMIN_TOKEN" if proxy_settings.admin_token
              else f"admin token in {settings.home / 'proxy-admin-token'}")
     err.print(f"proxy on http://{host}:{port} -> {', '.join(r.url for r in proxy.service.upstream.replicas)} "
               f"({dialect}); "
               f"store {proxy.store.url}; {admin}" + (f"; replica {replica_id}" if replica_id else ""), highlight=False)
     try:
-        _serve(proxy.app, listeners, settings.proxy_max_body_bytes)
+        _serve(proxy.app, listeners, proxy_settings.max_body_bytes)
     finally:
         proxy.store.close()
         proxy.service.rollouts.ledger.close()
 
 
-def _supervise(listener, workers: int, replica_id: str | None, err, *, settings, store: str | None, journal: str,
-               **args) -> int:
+def _supervise(listener, workers: int, replica_id: str | None, err, *, settings, proxy_settings,
+               store: str | None, journal: str, **args) -> int:
     """``--workers N``: supervise N replicas on ``listener`` (``proxy._replicas``); the exit code."""
     from forge_store import StoreError
 
@@ -114,17 +116,19 @@ def _supervise(listener, workers: int, replica_id: str | None, err, *, settings,
                   "serialized; use PostgreSQL (--store postgresql+psycopg://...) to scale out", highlight=False)
     try:
         return supervise(listener, workers, worker_args(store=store, journal=journal, **args), store_url=store,
-                         settings=settings, journal=journal, replica_prefix=replica_id,
+                         settings=settings, proxy_settings=proxy_settings, journal=journal,
+                         replica_prefix=replica_id,
                          say=lambda msg: err.print(f"proxy supervisor: {msg}", highlight=False, soft_wrap=True))
     except StoreError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2
 
 
-def _api_key(path: Path | None, settings, err) -> str | None:
-    """The upstream API key: from ``path``, else the environment (settings); exit 2 if the file cannot be read."""
+def _api_key(path: Path | None, proxy_settings, err) -> str | None:
+    """The upstream API key: from ``path``, else the environment (``ProxySettings``: the new name, then the older
+    one); exit 2 if the file cannot be read."""
     if path is None:
-        return settings.upstream_api_key or settings.proxy_upstream_api_key
+        return proxy_settings.upstream_api_key
     try:
         key = path.read_text().strip()
     except OSError as exc:

@@ -10,6 +10,7 @@ class ProxyError(Exception):
                  param: str | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.call_id: str | None = None  # the stored call that recorded this error (the service sets it)
 
     def openai_body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from typing import Literal
 
 import orjson
-import sqlalchemy as sa
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, Response
@@ -25,7 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from forge_store import REWARD_SOURCES, InvalidRecord, NotFound
+from forge_store import REWARD_SOURCES, InvalidRecord, NotFound, StoreUnavailable
 
 from ._asgi_app import ProxyApp, error_reply
 from ._auth import admin_token_matches
@@ -301,7 +300,7 @@ def _operator_routes(service: ProxyService, protocols: Protocols, admin_token: s
             return
         try:
             await _to_thread(store.rollout, rollout_id)
-        except sa.exc.DBAPIError:
+        except StoreUnavailable:
             raise ProxyError(503, f"rollout {rollout_id!r} is not in this proxy's ledger and the store cannot be "
                                   "asked about it now (database unreachable); retry later", type="server_error",
                              code="store_unavailable") from None

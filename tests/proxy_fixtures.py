@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from forge_store import Settings
-from proxy import HttpServer, Proxy, build_proxy
+from proxy import HttpServer, Proxy, ProxySettings, build_proxy
 from proxy._asgi_app import ProxyApp
 from proxy.testing import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
 
@@ -113,9 +113,18 @@ def up(tokenizer):
     server.stop()
 
 
+def split_settings(home, settings: dict) -> tuple[Settings, ProxySettings]:
+    """``proxy_*`` keyword settings (named as their OPENFORGE_PROXY_* variables) for ``ProxySettings``, the rest for
+    the store's ``Settings``."""
+    ours = {k.removeprefix("proxy_"): v for k, v in settings.items() if k.startswith("proxy_")}
+    return (Settings(home=home, **{k: v for k, v in settings.items() if not k.startswith("proxy_")}),
+            ProxySettings(**ours))
+
+
 def make_proxy(up: Up, tmp_path, store_url: str | None = None, **settings) -> tuple[ProxyHarness, ServeInThread]:
-    s = Settings(home=tmp_path / "proxy-home", **settings)
-    proxy = build_proxy(up.url, settings=s, store_url=store_url or f"sqlite:///{tmp_path / 'proxy.sqlite'}")
+    s, ps = split_settings(tmp_path / "proxy-home", settings)
+    proxy = build_proxy(up.url, settings=s, store_url=store_url or f"sqlite:///{tmp_path / 'proxy.sqlite'}",
+                        proxy_settings=ps)
     serve = ServeInThread(proxy.app)
     url = serve.start()
     return ProxyHarness(proxy, url, up, serve.server), serve

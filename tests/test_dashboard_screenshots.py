@@ -1,6 +1,6 @@
 """The trajectory page of a GUI rollout: each step's screenshot beside the model's action, the click drawn on it.
 
-The rollout is recorded through ``Store.prompt`` (screenshots sent inline as a harness sends them, moved to blobs
+The rollout is recorded through ``Store.begin_call`` (screenshots sent inline as a harness sends them, moved to blobs
 by the store); the page is served by ``openforge dashboard`` and loaded in headless Chromium (Debian's), where the
 pixel at the click's position of the shown screenshot must be the marker's colour. The page screenshot is kept
 under the test's tmp dir (its path is printed).
@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from dashboards._views.screenshots import COLOUR, draw_actions, pointer_actions
-from forge_store import CallRecord, Settings, open_store
+from forge_store import Settings, open_store
 from forge_store.testing import T0
 from tests.test_dashboard_e2e import CHROMIUM, devtools_page, serve_dashboard
 from tests.test_screenshot_lineage import screen, sha
@@ -44,18 +44,18 @@ def record_gui_rollout(store, rid: str = "gui-r1") -> list[bytes]:
     for i, (x, y) in enumerate(CLICKS):
         url = "data:image/png;base64," + base64.b64encode(shots[i]).decode()
         msgs.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]})
-        prompt = store.prompt(rid, list(msgs))
-        prompt.prepare()
+        draft = store.begin_call(rid, list(msgs))
         answer = _tool({"action": "click", "x": x, "y": y}, i)
         completion = [900 + i, 901, 2]
         t = T0 + timedelta(seconds=3 * i)
-        store.record_call(CallRecord(
-            id=f"{rid}-c{i}", rollout_id=rid, seq=i, api_surface="chat.completions", messages=prompt.messages,
-            image_hashes=prompt.image_hashes, started_at=t, ended_at=t + timedelta(seconds=2), model="demo-policy",
-            response={"text": None, "tool_calls": answer["tool_calls"], "reasoning": None}, response_message=answer,
-            finish_reason="tool_calls", prompt_token_ids=list(ids), completion_token_ids=completion,
-            completion_logprobs=[-0.1] * 3, usage={"prompt_tokens": len(ids), "completion_tokens": 3},
-            policy_version_id="policy-gui", token_exact=True))
+        draft.start(
+            id=f"{rid}-c{i}", seq=i, api_surface="chat.completions", started_at=t, ended_at=t + timedelta(seconds=2),
+            model="demo-policy", response={"text": None, "tool_calls": answer["tool_calls"], "reasoning": None},
+            response_message=answer, finish_reason="tool_calls", prompt_token_ids=list(ids),
+            completion_token_ids=completion, completion_logprobs=[-0.1] * 3,
+            usage={"prompt_tokens": len(ids), "completion_tokens": 3}, policy_version_id="policy-gui",
+            token_exact=True)
+        draft.finish_now()
         msgs += [answer, {"role": "tool", "tool_call_id": f"call-{i}", "content": "clicked"}]
         ids = ids + completion + [5, 6, 7]
     store.finish_rollout(rid, "success", ended_at=T0 + timedelta(seconds=10))

@@ -13,7 +13,7 @@ import pytest
 from forge_store import ObjectStoreError, open_location, open_store
 from forge_store._duckdb_views import _extension
 from forge_store._lake import LakeError, lake_manifests, lake_snapshot, lake_sql, lake_tables
-from forge_store.testing import SeaweedFS
+from tests.doubles.seaweedfs import SeaweedFS
 from tests.conftest import make_call
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "data-lake.md"

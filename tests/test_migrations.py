@@ -103,3 +103,13 @@ def test_missing_postgres_database(pg_admin_url, settings):
     url = sa.engine.make_url(pg_admin_url).set(drivername="postgresql+psycopg", database="of_no_such_db")
     with pytest.raises(StoreUnavailable, match=r'"of_no_such_db" does not exist.*createdb'):
         open_store(url.render_as_string(hide_password=False), settings=settings)
+
+
+def test_reads_of_an_unreachable_database_raise_the_stores_error_not_the_drivers(settings):
+    """Clients catch ``StoreUnavailable`` (the proxy answers 503 with it), never SQLAlchemy's errors."""
+    with open_store("postgresql+psycopg://nobody@127.0.0.1:1/none", journal=True, offline=True,
+                    settings=settings) as st:
+        for read in (lambda: st.rollout("r1"), lambda: st.ended_rollouts(["r1"]),
+                     lambda: st.find_call("r1", "response_id", "resp_1"), lambda: list(st.iter_rollouts())):
+            with pytest.raises(StoreUnavailable, match=r"cannot be read now \(.*port 1 failed.*then retry"):
+                read()

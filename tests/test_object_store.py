@@ -21,7 +21,8 @@ from forge_store import (
     open_store,
 )
 from forge_store._snapshot import snapshot
-from forge_store.testing import SeaweedFS, png_1px
+from forge_store.testing import png_1px
+from tests.doubles.seaweedfs import SeaweedFS
 from tests.conftest import make_call
 
 

@@ -318,10 +318,11 @@ def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones(up, tmp_path):
 @pytest.fixture
 def px_uvicorn(up, tmp_path):
     from forge_store import Settings
-    from proxy import build_proxy
+    from proxy import ProxySettings, build_proxy
     from tests.proxy_fixtures import ProxyHarness
 
-    proxy = build_proxy(up.url, settings=Settings(home=tmp_path / "home", proxy_max_body_bytes=4096),
+    proxy = build_proxy(up.url, settings=Settings(home=tmp_path / "home"),
+                        proxy_settings=ProxySettings(max_body_bytes=4096),
                         store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}")
     serve = ServeInThread(proxy.app, server="uvicorn")
     assert serve.kind == "uvicorn"

@@ -3,7 +3,7 @@
 Every sandbox reaches the proxy: these are the clients a reviewer aimed at it. A trickled head or body, an idle
 keep-alive connection, an endless header section, a client that pipelines without reading, one that never reads
 its answer, more connections than the cap, and 500 slow or idle connections next to a normal client. The proxy
-runs in this process (``build_proxy`` and ``HttpServer`` on a thread, limits from ``Settings``), so its buffers can
+runs in this process (``build_proxy`` and ``HttpServer`` on a thread, limits from ``ProxySettings``), so its buffers can
 be looked at directly and its RSS is this process's.
 """
 
@@ -19,11 +19,10 @@ import time
 
 import pytest
 
-from forge_store import Settings
 from proxy import HttpServer, build_proxy
 from proxy._http import HttpLimits
 from proxy.testing import Text
-from tests.proxy_fixtures import ProxyHarness
+from tests.proxy_fixtures import ProxyHarness, split_settings
 from tests.test_proxy_front import USER, _read_responses, _request
 
 HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -32,11 +31,12 @@ HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 @contextlib.contextmanager
 def limited_proxy(up, tmp_path, **limits):
     """A proxy whose HTTP limits are ``limits`` (``proxy_*`` settings), served in this process."""
-    settings = Settings(home=tmp_path / "home", **limits)
-    proxy = build_proxy(up.url, settings=settings, store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}")
+    settings, ps = split_settings(tmp_path / "home", limits)
+    proxy = build_proxy(up.url, settings=settings, store_url=f"sqlite:///{tmp_path / 'proxy.sqlite'}",
+                        proxy_settings=ps)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = HttpServer(proxy.app, max_body=settings.proxy_max_body_bytes, limits=HttpLimits.from_settings(settings),
+    server = HttpServer(proxy.app, max_body=ps.max_body_bytes, limits=HttpLimits.from_settings(ps),
                         graceful_s=2)
     server.start_in_thread([sock])
     try:

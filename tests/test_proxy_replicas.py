@@ -132,7 +132,7 @@ def test_previous_response_id_across_replicas(replicas):
 def test_the_store_reads_replicas_use(store_url, settings):
     """``find_call``, ``ended_rollouts`` and ``restore_images`` on SQLite and PostgreSQL."""
     from forge_store import NotFound, open_store
-    from tests.conftest import make_call
+    from tests.conftest import make_call, start_draft
 
     image = "data:image/png;base64," + base64.b64encode(PNG).decode()
     with open_store(store_url, settings=settings) as store:
@@ -141,11 +141,8 @@ def test_the_store_reads_replicas_use(store_url, settings):
         for turn, rid in enumerate(("a", "a", "b")):
             msgs = [{"role": "user", "content": [{"type": "text", "text": f"turn {turn}"},
                                                  {"type": "image_url", "image_url": {"url": image}}]}]
-            prompt = store.prompt(rid, msgs)
-            prompt.prepare()
-            rec = make_call(f"call-{turn}", rid, turn, messages=prompt.messages, image_hashes=prompt.image_hashes,
-                            metadata={"response_id": f"resp_{turn}"})
-            asyncio.run(store.record_call_async(rec, store.encode_prompt(rec, prompt)))
+            rec = make_call(f"call-{turn}", rid, turn, messages=msgs, metadata={"response_id": f"resp_{turn}"})
+            asyncio.run(start_draft(store, rec).finish())
         found = store.find_call("a", "response_id", "resp_1")
         assert found.id == "call-1" and image not in str(found.messages)  # stored as a blob reference
         assert store.restore_images(found.messages) == [{"role": "user", "content": [
@@ -308,10 +305,14 @@ MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "pr
 
 
 def _settings_env_names() -> set[str]:
+    from proxy import ProxySettings
+
     names = set()
-    for field, info in Settings.model_fields.items():
-        names.add(f"OPENFORGE_{field.upper()}")
-        names.update(a for a in getattr(info.validation_alias, "choices", ()) if isinstance(a, str) and a.isupper())
+    for cls in (Settings, ProxySettings):
+        prefix = cls.model_config["env_prefix"]
+        for field, info in cls.model_fields.items():
+            names.add(f"{prefix}{field.upper()}")
+            names.update(a for a in getattr(info.validation_alias, "choices", ()) if isinstance(a, str) and a.isupper())
     return names
 
 

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import Settings
-from proxy import HttpServer, build_proxy
+from proxy import HttpServer, ProxySettings, build_proxy
 from openforge.policy_switch import switch_policy
 from proxy._siblings import FORWARDED, bind_private
 from proxy.testing import ScriptedUpstream, UpstreamServer
@@ -202,13 +202,15 @@ def test_admin_calls_behind_workers_reach_every_worker(up, tmp_path, pg_database
 def pair(up, tmp_path, pg_database):
     """Workers "0" and "1" of one run folder, each on its own loopback port and its private socket."""
     run = Path(tempfile.mkdtemp(prefix="of-test-"))  # short: a Unix socket's path has ~100 bytes
-    settings = Settings(home=tmp_path / "home", proxy_admin_token=ADMIN)
+    settings = Settings(home=tmp_path / "home")
+    ps = ProxySettings(admin_token=ADMIN)
     started = []
     for rid in ("0", "1"):
         tcp = socket.socket()
         tcp.bind(("127.0.0.1", 0))
         private = bind_private(run, rid)
-        proxy = build_proxy(up.url, settings=settings, store_url=pg_database, replica_id=rid, run_dir=run)
+        proxy = build_proxy(up.url, settings=settings, store_url=pg_database, replica_id=rid, run_dir=run,
+                            proxy_settings=ps)
         server = HttpServer(proxy.app, max_body=proxy.service.max_body, graceful_s=1)
         server.start_in_thread([tcp, private])
         started.append((f"http://127.0.0.1:{tcp.getsockname()[1]}", proxy, server))
@@ -234,7 +236,8 @@ def test_upstream_changes_reach_the_sibling_and_a_silent_worker_is_named(pair, t
         assert [u["state"] for u in view["1"]["upstreams"]] == ["up", "draining"]
         assert _post(a, "/admin/pause", {"drain": True, "timeout_s": 5}).json()["workers"]["1"]["paused"]
         # a worker starting now takes the state the last change left, not its command line's
-        late = build_proxy("http://127.0.0.1:1", settings=settings, store_url=pg_url, replica_id="9", run_dir=run)
+        late = build_proxy("http://127.0.0.1:1", settings=settings, store_url=pg_url, replica_id="9", run_dir=run,
+                           proxy_settings=ProxySettings(admin_token=ADMIN))
         try:
             assert [(r.url, r.state) for r in late.service.upstream.replicas] == [(up_url(pa), "up"),
                                                                                   (url2, "draining")]

@@ -12,7 +12,7 @@ import openai
 import pytest
 import sqlalchemy as sa
 
-from forge_store import Settings
+from proxy import ProxySettings
 from proxy._auth import TokenSigner
 from proxy._redaction import RULES, Redactor
 from proxy.testing import HTTPError, ToolCall, ToolCalls
@@ -75,7 +75,7 @@ def _stored_bytes(px, home) -> bytes:
 @pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("rule,text,secret", SHAPES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(SHAPES)])
 def test_a_secret_in_the_prompt_is_not_stored_and_the_call_names_the_rule(px, tmp_path, rule, text, secret, place):
-    assert rule in Settings().proxy_redact
+    assert rule in ProxySettings().redact
     msgs = _messages(text, place)
     px.client(px.register("r1")).chat.completions.create(model="m", messages=msgs)
     assert px.up.double.requests[-1].json["messages"] == msgs  # forwarded as sent
@@ -157,7 +157,7 @@ def test_images_are_never_redacted(px, tmp_path):
     noise = base64.b64encode(random.Random(7).randbytes(48_000)).decode()
     text = f"![shot](data:image/png;base64,{noise}) and {url}"
     hits: set[str] = set()
-    assert Redactor(Settings().proxy_redact).apply(text, hits) == text and hits == set()
+    assert Redactor(ProxySettings().redact).apply(text, hits) == text and hits == set()
 
 
 ORDINARY = [
@@ -179,11 +179,11 @@ ORDINARY = [
 @pytest.mark.parametrize("text", ORDINARY)
 def test_ordinary_look_alikes_are_not_redacted(text):
     hits: set[str] = set()
-    assert Redactor(Settings().proxy_redact).apply(text, hits) == text and hits == set()
+    assert Redactor(ProxySettings().redact).apply(text, hits) == text and hits == set()
 
 
 def test_the_default_rules_are_every_rule_but_emails():
-    assert sorted(Settings().proxy_redact) == sorted(set(RULES) - {"emails"})
+    assert sorted(ProxySettings().redact) == sorted(set(RULES) - {"emails"})
 
 
 def test_a_custom_rule_set_is_used_and_an_unknown_rule_fails_with_the_list(up, tmp_path):

@@ -156,11 +156,11 @@ def test_an_answer_in_pieces_wakes_its_reader_once_and_the_connection_reads_the_
                 writer.write(body[i:i + (1 << 20)])
                 await writer.drain()
 
-    from proxy._upstream.connection import Connection
+    from proxy._upstream.connection import UpstreamConnection
 
     wakes = []
-    real_wake = Connection._wake
-    monkeypatch.setattr(Connection, "_wake",
+    real_wake = UpstreamConnection._wake
+    monkeypatch.setattr(UpstreamConnection, "_wake",
                         lambda self: (wakes.append((self.done, self.paused)), real_wake(self)))
     async def run(up: Upstream):
         first = await up.request("POST", "/x", b"{}")

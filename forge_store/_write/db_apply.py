@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .. import _schema as schema
+from .._backoff import Backoff
 from .._errors import InvalidRecord
 from .._hashing import canonical_json, sha256_hex
 from .._tokens import compress_packed, ids_to_bytes, pack_ids, pack_logprobs, text_to_raw, unpack_ids_raw
@@ -297,7 +298,7 @@ class BatchApplier:
 
     def _commit(self, engine: sa.Engine, ops: list[dict], wait: Callable[[float], bool]) -> bool:
         """``ops`` in one transaction, retried while the database is away; raises what the database refuses."""
-        delay = 0.05
+        delays = Backoff(0.05, self.retry_max_s)
         while True:
             try:
                 with engine.begin() as conn:
@@ -312,9 +313,8 @@ class BatchApplier:
                     self.db_down_since = time.monotonic()
                     log.warning("database unreachable (%s); writes stay in the journal and will drain",
                                 exc.__class__.__name__)
-                if not wait(delay):
+                if not wait(delays.next()):
                     return False
-                delay = min(delay * 2, self.retry_max_s)
 
     def _dead_letter(self, engine: sa.Engine, op: dict, exc: BaseException, wait: Callable[[float], bool]) -> bool:
         """An operation the database rejects for good: keep it on disk, loudly, rather than block or drop it. For a

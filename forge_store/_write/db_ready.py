@@ -14,6 +14,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 from .. import _migrate as migrate
+from .._backoff import Backoff
 from .._engine import redact_url
 from .db_apply import TRANSIENT
 
@@ -22,7 +23,7 @@ def wait_for_schema(engine: sa.Engine, *, auto_upgrade: bool, retry_max_s: float
                     down: Callable[[], None]) -> bool:
     """True once the database is at this code's head revision (created first if it is empty and ``auto_upgrade``);
     False if ``wait(delay)`` said to stop while it was unreachable (``down()`` is called on each failed try)."""
-    delay = 0.05
+    delays = Backoff(0.05, retry_max_s)
     url = redact_url(engine.url.render_as_string(hide_password=False))
     while True:
         try:
@@ -30,6 +31,5 @@ def wait_for_schema(engine: sa.Engine, *, auto_upgrade: bool, retry_max_s: float
             return True
         except TRANSIENT:
             down()
-            if not wait(delay):
+            if not wait(delays.next()):
                 return False
-            delay = min(delay * 2, retry_max_s)

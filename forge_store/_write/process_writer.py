@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from .._backoff import Backoff
 from .journal import Journal
 from .journal_files import Position
 from .journaling_writer import JournalingWriter
@@ -92,7 +93,7 @@ class ProcessWriter(JournalingWriter):
         return proc
 
     def _supervise(self) -> None:
-        backoff = 0.5
+        delays = Backoff(0.5, 10.0)
         while True:
             with self._lock:
                 if self._closing:
@@ -100,16 +101,16 @@ class ProcessWriter(JournalingWriter):
                 self._proc = proc = self._spawn()
             for line in proc.stdout:
                 self._report(line.split())
-                backoff = 0.5
+                delays.reset()  # it made progress: a later exit is a new failure, restarted soon
             rc = proc.wait()
             with self._lock:
                 if self._closing:
                     return
+            delay = delays.next()
             log.warning("the store's drain process exited with status %s; restarting it in %.1fs (journaled writes "
-                        "wait for it, nothing is lost)", rc, backoff)
+                        "wait for it, nothing is lost)", rc, delay)
             self.restarts += 1
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
+            time.sleep(delay)
 
     def _report(self, words: list[bytes]) -> None:
         """One line of the child's stdout (the protocol is ``drain_process``'s docstring)."""

@@ -3,7 +3,9 @@
 An agent resends its whole history every turn. Per rollout, ``PromptCache`` keeps the previous prompt as the
 caller sent it and, per message, its stored copy (images moved to the blob store, then the caller's ``prepare``
 hook: the proxy's redaction), the sha256 of the copy's canonical JSON, the blobs and the marks ``prepare``
-reported; also the hash of the tool schemas and of the system prompt. A new prompt is compared with the previous
+reported; also the hash of the tool schemas and of the system prompt. The tool schemas' stored copy (``prepare``
+applied to the whole list) is kept once for every rollout: a harness sends the same schemas with every call of every
+rollout (Claude Code's are ~74 KB), so a call whose schemas equal the last ones costs a compare. A new prompt is compared with the previous
 one message by message (Python ==, a C-speed deep compare); only the messages past the shared prefix are prepared,
 serialised and hashed, so a call costs O(new messages). Values Python calls equal but JSON spells differently (1,
 1.0, true) inside an otherwise identical earlier message keep the earlier spelling: harmless for chat content.
@@ -22,11 +24,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .._hashing import canonical_json, json_sha256, sha256_hex
 from .._images import extract_images, has_images
 
-Prepare = Callable[[dict, set], dict]  # (message, marks to add to) -> the message's stored form
+Prepare = Callable[[Any, set], Any]  # (a message or the tool list, marks to add to) -> its stored form
 PutBlob = Callable[[bytes, "str | None"], str]
 _NO_IMAGES: tuple[str, ...] = ()
 _NO_MARKS: frozenset[str] = frozenset()
@@ -49,8 +52,9 @@ class _Snapshot:
 
 class PendingPrompt:
     """A call's prompt on its way into the store. ``holds_images``: the messages past the shared prefix carry images
-    (``prepare`` writes blobs). After ``prepare()``: ``messages`` (the stored copies), ``hashes``, ``image_hashes``,
-    ``marks``, ``system_hash``, ``tools_hash``; ``body(i)`` is message ``i``'s canonical JSON."""
+    (``prepare`` writes blobs). After ``prepare()``: ``messages`` and ``tools`` (the stored copies), ``hashes``,
+    ``image_hashes``, ``marks`` (of the messages and the tools), ``system_hash``, ``tools_hash``; ``body(i)`` is
+    message ``i``'s canonical JSON."""
 
     __slots__ = ("rollout_id", "raw", "tools", "holds_images", "messages", "hashes", "image_hashes", "marks",
                  "system_hash", "tools_hash", "_cache", "_mode", "_base", "_same", "_bodies")
@@ -102,11 +106,14 @@ class PendingPrompt:
             images.append(found)
             marks.append(hit)
             self._bodies.append(body.decode())
+        tool_marks = _NO_MARKS
+        if hook is not None and self.tools:
+            self.tools, tool_marks = self._cache.stored_tools(self.tools, hook)
         system = self._system(stored)
         tools_hash = self._tools_hash()
         self.messages, self.hashes, self.system_hash, self.tools_hash = stored, hashes, system and system[1], tools_hash
         self.image_hashes = [h for per in images if per for h in per]
-        self.marks = set().union(*(m for m in marks if m))
+        self.marks = set().union(tool_marks, *(m for m in marks if m))
         self._cache.put(self.rollout_id, _Snapshot(self._mode, list(raw), stored, hashes, images, marks, system,
                                                    self.tools, tools_hash))
 
@@ -136,6 +143,7 @@ class PromptCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str | None, _Snapshot] = OrderedDict()
         self.max_rollouts = max_rollouts
+        self._tools: tuple[Prepare, list, list, frozenset[str]] | None = None  # (hook, as sent, as stored, marks)
 
     def begin(self, rollout_id: str | None, messages: list, tools: list | None = None, *,
               put_blob: PutBlob | None = None, prepare: Prepare | None = None) -> PendingPrompt:
@@ -152,6 +160,18 @@ class PromptCache:
                     break
                 same += 1
         return PendingPrompt(self, rollout_id, messages, tools, mode, base, same)
+
+    def stored_tools(self, tools: list, hook: Prepare) -> tuple[list, frozenset[str]]:
+        """The tool schemas as stored (``hook`` applied to the list) and the marks it reported; the last ones are
+        kept, so schemas equal to them cost a compare."""
+        last = self._tools
+        if last is not None and last[0] == hook and (tools is last[1] or tools == last[1]):
+            return last[2], last[3]
+        found: set[str] = set()
+        stored = hook(tools, found)
+        marks = frozenset(found) if found else _NO_MARKS
+        self._tools = (hook, tools, stored, marks)
+        return stored, marks
 
     def put(self, rollout_id: str | None, snapshot: _Snapshot) -> None:
         with self._lock:

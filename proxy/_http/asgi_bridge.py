@@ -17,7 +17,7 @@ class AsgiExchange:
     """One request to the ASGI fallback (the FastAPI app): the body is already read; ``http.disconnect`` when the
     client leaves; a response without a content-length is sent chunked."""
 
-    def __init__(self, conn, req, url, path: str):  # a connection.Connection and its connection.Request
+    def __init__(self, conn, req, url, path: str):  # a connection.ClientConnection and its connection.Request
         self.conn, self.req = conn, req
         transport = conn.transport
         server, client = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
@@ -26,7 +26,7 @@ class AsgiExchange:
             "server": tuple(server[:2]) if isinstance(server, tuple) else None,
             "client": tuple(client[:2]) if isinstance(client, tuple) else None,
             "scheme": "http", "method": req.method, "root_path": "", "path": path, "raw_path": url.path,
-            "query_string": url.query or b"", "headers": req.headers, "state": dict(conn.front.state),
+            "query_string": url.query or b"", "headers": req.headers, "state": dict(conn.server.state),
         }
         self.body_sent = False
         self.started = self.complete = False

@@ -30,7 +30,7 @@ from .status import status_line
 
 log = logging.getLogger("proxy")
 
-_STARTING = object()  # ``Connection.worker`` while the worker runs its first step
+_STARTING = object()  # ``ClientConnection.worker`` while the worker runs its first step
 _PIECE = 64 << 10  # bytes parsed at a time: between pieces the head is measured and reading can stop
 
 
@@ -53,12 +53,12 @@ class Request:
         self.target: tuple | None = None  # (parsed URL, path, model-call route or None), once parsed
 
 
-class Connection(Limited, asyncio.Protocol):
+class ClientConnection(Limited, asyncio.Protocol):
     """One client connection (see the module docstring)."""
 
-    def __init__(self, front):  # its HttpServer (which imports this module)
-        self.front, self.app, self.limits = front, front.app, front.limits
-        self.loop = front.loop
+    def __init__(self, server):  # its HttpServer (which imports this module)
+        self.server, self.app, self.limits = server, server.app, server.limits
+        self.loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: collections.deque[Request] = collections.deque()
@@ -76,24 +76,24 @@ class Connection(Limited, asyncio.Protocol):
         self.deadline_kind: str | None = None
         self.write_timer: asyncio.TimerHandle | None = None  # runs while the client's socket is full
         self.refused = False  # over the connection cap: answered 503, closing
-        self.lost = front.loop.create_future()  # resolves when the client disconnects (ASGI http.disconnect)
+        self.lost = server.loop.create_future()  # resolves when the client disconnects (ASGI http.disconnect)
         self._writable: asyncio.Future | None = None
 
     # ---- asyncio.Protocol ---------------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
-        if len(self.front.connections) >= self.front.max_connections:
+        if len(self.server.connections) >= self.server.max_connections:
             self._refuse_connection()
             return
-        self.front.connections.add(self)
+        self.server.connections.add(self)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._arm(self.limits.head_timeout_s, "first")  # a fresh connection's first head is due from the connect
 
     def connection_lost(self, exc) -> None:
         self.gone = True
-        self.front.connections.discard(self)
+        self.server.connections.discard(self)
         if self.refused:
-            self.front.lingering -= 1
+            self.server.lingering -= 1
         self._arm(None)
         if self.write_timer is not None:
             self.write_timer.cancel()
@@ -191,8 +191,8 @@ class Connection(Limited, asyncio.Protocol):
             cur.error = head_too_large(cur.head, self.limits.max_head_bytes)
         expect = False
         for name, value in cur.headers:
-            if name == b"content-length" and value.isdigit() and int(value) > self.front.max_body:
-                cur.error = too_large(self.front.max_body, int(value))
+            if name == b"content-length" and value.isdigit() and int(value) > self.server.max_body:
+                cur.error = too_large(self.server.max_body, int(value))
             elif name == b"expect" and value.lower() == b"100-continue":
                 expect = True
         if cur.error is not None:  # answered without reading the body, and the connection closes after
@@ -206,8 +206,8 @@ class Connection(Limited, asyncio.Protocol):
         if cur.error is not None:
             return
         cur.size += len(body)
-        if cur.size > self.front.max_body:
-            cur.error, cur.chunks = too_large(self.front.max_body), []
+        if cur.size > self.server.max_body:
+            cur.error, cur.chunks = too_large(self.server.max_body), []
             cur.keep_alive, self.stop_reading = False, True
             self._enqueue(cur)
             return
@@ -237,7 +237,7 @@ class Connection(Limited, asyncio.Protocol):
                 if self.worker is _STARTING:  # still at work (it sets None itself when it ends before its first wait)
                     self.worker = task
         if not (self.paused or self.stop_reading) and (len(self.queue) >= self.limits.max_pipelined
-                                                       or self.queued > self.front.max_body):
+                                                       or self.queued > self.server.max_body):
             self.paused = True  # read no more until the answers catch up (``_resume``)
             self.transport.pause_reading()
 
@@ -263,7 +263,7 @@ class Connection(Limited, asyncio.Protocol):
                 req = self.queue.popleft()
                 self.queued -= req.size + req.head
                 if self.paused and not self.resume_due and len(self.queue) < self.limits.max_pipelined \
-                        and self.queued <= self.front.max_body:
+                        and self.queued <= self.server.max_body:
                     self.resume_due = True  # not from here: this may run inside the parser (an eager start)
                     self.loop.call_soon(self._resume)
                 if req.error is not None:
@@ -271,7 +271,7 @@ class Connection(Limited, asyncio.Protocol):
                     return
                 await self._dispatch(req)
                 await self.drain()  # the next answer waits until the client reads: output stays bounded
-                if not req.keep_alive or self.front.stopping:
+                if not req.keep_alive or self.server.stopping:
                     self.transport.close()
                     return
         except Exception:
@@ -356,7 +356,7 @@ class Connection(Limited, asyncio.Protocol):
             await self._writable
 
     def _arm_idle(self) -> None:
-        if self.front.stopping:
+        if self.server.stopping:
             self.transport.close()
         elif self.phase == BETWEEN and not self.paused:  # else a begun request's deadline runs
             self.timed = (self.begun, BETWEEN)

@@ -1,5 +1,5 @@
-"""The limits every connection of the proxy's HTTP server is held to (``HttpLimits``, from the settings' ``proxy_*``
-values), and the refusal a client gets when the server already holds as many connections as it may.
+"""The limits every connection of the proxy's HTTP server is held to (``HttpLimits``, from ``ProxySettings``), and
+the refusal a client gets when the server already holds as many connections as it may.
 
 Every sandbox reaches the proxy, so a client may be slow, idle, flooding or broken on purpose. What each limit
 bounds, and where ``connection`` enforces it:
@@ -28,9 +28,8 @@ import logging
 import resource
 from dataclasses import dataclass
 
-from forge_store import Settings, get_settings
-
 from .._errors import ProxyError
+from .._settings import ProxySettings
 from .status import status_line
 
 log = logging.getLogger("proxy")
@@ -55,12 +54,12 @@ class HttpLimits:
     max_connections: int
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> HttpLimits:
-        s = settings if settings is not None else get_settings()
-        return cls(head_timeout_s=s.proxy_head_timeout_s, body_timeout_s=s.proxy_body_timeout_s,
-                   idle_timeout_s=s.proxy_idle_timeout_s, write_timeout_s=s.proxy_write_timeout_s,
-                   max_head_bytes=s.proxy_max_head_bytes, max_pipelined=s.proxy_max_pipelined,
-                   max_connections=s.proxy_max_connections)
+    def from_settings(cls, settings: ProxySettings | None = None) -> HttpLimits:
+        s = settings if settings is not None else ProxySettings()
+        return cls(head_timeout_s=s.head_timeout_s, body_timeout_s=s.body_timeout_s,
+                   idle_timeout_s=s.idle_timeout_s, write_timeout_s=s.write_timeout_s,
+                   max_head_bytes=s.max_head_bytes, max_pipelined=s.max_pipelined,
+                   max_connections=s.max_connections)
 
     def connection_cap(self) -> int:
         """``max_connections``, lowered to half the descriptor limit (said once in the log) where that is less."""
@@ -98,7 +97,7 @@ def refusal(status: int, body: bytes, content_type: str = "application/json") ->
 
 
 class Limited:
-    """The part of ``connection.Connection`` that holds it to its limits: the read deadline, the pause of reading
+    """The part of ``connection.ClientConnection`` that holds it to its limits: the read deadline, the pause of reading
     while pipelined requests wait, the write deadline, the refusals that close a connection."""
 
     def _linger_close(self) -> None:
@@ -111,10 +110,10 @@ class Limited:
     def _refuse_connection(self) -> None:
         """Over the connection cap: a short 503 (a JSON error, ``Retry-After``), then the close."""
         self.stop_reading = self.refused = True
-        self.front.lingering += 1
-        reply = self.app.error_reply(too_many_connections(self.front.max_connections), "/")
+        self.server.lingering += 1
+        reply = self.app.error_reply(too_many_connections(self.server.max_connections), "/")
         self.transport.write(refusal(reply.status, reply.body, reply.content_type))
-        if self.front.lingering > _MAX_LINGERING:  # a flood of them: descriptors matter more than a lost answer
+        if self.server.lingering > _MAX_LINGERING:  # a flood of them: descriptors matter more than a lost answer
             self.transport.close()
         else:
             self._linger_close()

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from .._asgi_app import ProxyApp
 from .asgi_bridge import Lifespan
-from .connection import Connection
+from .connection import ClientConnection
 from .limits import HttpLimits
 
 log = logging.getLogger("proxy")
@@ -44,7 +44,7 @@ class HttpServer:
         self.limits = limits if limits is not None else HttpLimits.from_settings()
         self.max_connections = self.limits.max_connections  # lowered at start to what the descriptor limit allows
         self.lingering = 0  # connections refused over the cap and closing
-        self.connections: set[Connection] = set()
+        self.connections: set[ClientConnection] = set()
         self.stopping = False
         self.state: dict = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -58,7 +58,7 @@ class HttpServer:
         self.max_connections = self.limits.connection_cap()
         lifespan = Lifespan(self.app, self.state)
         await lifespan.startup()
-        servers = [await self.loop.create_server(lambda: Connection(self), sock=s, backlog=2048) for s in sockets]
+        servers = [await self.loop.create_server(lambda: ClientConnection(self), sock=s, backlog=2048) for s in sockets]
         self.started.set()
         try:
             await self._stop.wait()

@@ -4,6 +4,6 @@ whole or as SSE events) over ``connection`` (one keep-alive connection parsed by
 
 from .client import Pending, Upstream, UpstreamAnswer, UpstreamStream
 from .engine_info import check_replicas
-from .pool import UpstreamPool
+from .pool import Replica, UpstreamPool
 
-__all__ = ["Pending", "Upstream", "UpstreamAnswer", "UpstreamPool", "UpstreamStream", "check_replicas"]
+__all__ = ["Pending", "Replica", "Upstream", "UpstreamAnswer", "UpstreamPool", "UpstreamStream", "check_replicas"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .._errors import UpstreamFailure
-from .connection import Connection, Gone
+from .connection import Gone, UpstreamConnection
 
 _KEEPALIVE_S = 3.0
 
@@ -60,8 +60,8 @@ class Upstream:
             head += f"Authorization: Bearer {api_key}\r\n"
         self._head = head
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
-        self._idle: list[Connection] = []
-        self._parked: set[Connection] = set()  # finished streams whose transfer has not ended yet (see _checkin)
+        self._idle: list[UpstreamConnection] = []
+        self._parked: set[UpstreamConnection] = set()  # finished streams, transfer not ended (see _checkin)
         self._slots: asyncio.Semaphore | None = None
         self._pool = pool
         self.outstanding = 0  # requests sent and not yet finished: what least-outstanding routing compares
@@ -90,11 +90,11 @@ class Upstream:
         return UpstreamFailure(502, f"upstream {self.base_url}{path} unreachable ({exc.__class__.__name__}: {exc}); "
                                     "check that the inference server is running", "upstream_unreachable")
 
-    async def _connect(self, path: str) -> Connection:
+    async def _connect(self, path: str) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: Connection(loop), self._host, self._port, ssl=self._ssl,
+                loop.create_connection(lambda: UpstreamConnection(loop), self._host, self._port, ssl=self._ssl,
                                        server_hostname=self._host if self._ssl else None),
                 self.connect_timeout_s)
         except OSError as exc:  # TimeoutError and ssl.SSLError among them
@@ -102,7 +102,7 @@ class Upstream:
                              ConnectionError(f"no connection within {self.connect_timeout_s}s"), path) from exc
         return conn
 
-    def _checkout(self) -> Connection | None:
+    def _checkout(self) -> UpstreamConnection | None:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
@@ -111,7 +111,7 @@ class Upstream:
             conn.abort()
         return None
 
-    def _checkin(self, conn: Connection, complete: bool = False) -> None:
+    def _checkin(self, conn: UpstreamConnection, complete: bool = False) -> None:
         """Back to the pool if its answer was taken whole and the server keeps it alive; ``complete``: the caller
         has all of the answer it wanted, so a transfer that has not quite ended is waited for (``park``) instead of
         closed. Anything else is closed (a server stops generating when its client goes)."""
@@ -144,7 +144,7 @@ class Upstream:
             self._slots.release()
             raise
 
-    async def _body(self, conn: Connection, path: str) -> AsyncIterator[bytes]:
+    async def _body(self, conn: UpstreamConnection, path: str) -> AsyncIterator[bytes]:
         """The answer's body as it arrives (what came since the last step, joined); UpstreamFailure if it breaks
         off or goes silent past the read timeout."""
         try:
@@ -161,17 +161,17 @@ class Upstream:
             conn.abort()
             raise self._fail(exc, path) from None
 
-    async def _read_rest(self, conn: Connection, path: str) -> bytes:
+    async def _read_rest(self, conn: UpstreamConnection, path: str) -> bytes:
         if conn.done and conn.error is None:  # the whole answer came with its head (the usual case): no generator
             return conn.take() if conn.chunks else b""
         parts = [data async for data in self._body(conn, path)]
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
-    def _unparked(self, conn: Connection) -> None:
+    def _unparked(self, conn: UpstreamConnection) -> None:
         self._parked.discard(conn)
         self._checkin(conn)
 
-    def _finish(self, conn: Connection, complete: bool = False) -> None:
+    def _finish(self, conn: UpstreamConnection, complete: bool = False) -> None:
         self._checkin(conn, complete)
         self.outstanding -= 1
         self._slots.release()
@@ -189,7 +189,7 @@ class Pending:
 
     def __init__(self, upstream: Upstream, path: str, data: bytes):
         self._upstream, self._path, self._data = upstream, path, data
-        self._conn: Connection | None = None
+        self._conn: UpstreamConnection | None = None
         self._reused = False
         self.sent_at = 0.0
 
@@ -203,7 +203,7 @@ class Pending:
         conn.transport.write(self._data)
         self.sent_at = time.perf_counter()
 
-    async def _head(self, whole: bool = False) -> Connection:
+    async def _head(self, whole: bool = False) -> UpstreamConnection:
         """Wait for the answer's head (``whole``: for the whole answer, without a wake-up per piece); once more on a
         new connection if a pooled one was found closed."""
         up = self._upstream
@@ -250,7 +250,7 @@ class Pending:
 class UpstreamStream:
     """An open streaming answer; iterate SSE events (the bytes between blank lines), then ``close()``."""
 
-    def __init__(self, upstream: Upstream, conn: Connection, path: str):
+    def __init__(self, upstream: Upstream, conn: UpstreamConnection, path: str):
         self._upstream, self._conn, self._path = upstream, conn, path
         self.status = conn.status
         self.content_type = conn.content_type

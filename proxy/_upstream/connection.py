@@ -26,7 +26,7 @@ class Gone(Exception):
         self.cause, self.started = cause, started
 
 
-class Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection; one answer at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -37,7 +37,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)  # goes on to the next answer of a kept-alive connection
         self.chunks: collections.deque[bytes] = collections.deque()
         self.waiter: asyncio.Future | None = None
-        self.parked: Callable[[Connection], None] | None = None  # see park()
+        self.parked: Callable[[UpstreamConnection], None] | None = None  # see park()
         self._park_timer: asyncio.TimerHandle | None = None
         self.reset()
 
@@ -124,7 +124,7 @@ class Connection(asyncio.Protocol):
             timer.cancel()
             self.waiter = None
 
-    def park(self, checkin: Callable[[Connection], None]) -> None:
+    def park(self, checkin: Callable[[UpstreamConnection], None]) -> None:
         """The caller has what it wanted, but the transfer has not ended yet (a stream's terminating event came and
         the empty last chunk is still on its way, often in a packet of its own): ``checkin(self)`` once it ends,
         rather than closing a connection the server is about to leave reusable. Closed if it does not end within

@@ -18,7 +18,7 @@ for _mod in ("kubernetes", "kmock"):
 
 from rollout._backends.base import Mount, Phase, Resources, SandboxSpec  # noqa: E402
 from rollout._backends.kubernetes import KubernetesBackend, KubernetesConfig  # noqa: E402
-from rollout._backends.kubernetes.emulator import Emulator, FakeKubelet  # noqa: E402
+from tests.doubles.k8s_emulator import Emulator, FakeKubelet  # noqa: E402
 
 NS = "openforge-test"
 TOKEN = "of-rollout-token-7f3a"

@@ -19,9 +19,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import orjson
-import sqlalchemy as sa
 
-from forge_store import NotFound, Store
+from forge_store import NotFound, Store, StoreUnavailable
 
 from ..._errors import ProxyError, UpstreamFailure
 from ..._store_wait import until_found
@@ -106,7 +105,7 @@ class ResponseMemory:
             call = await until_found(self.store.find_call, rollout_id, RESPONSE_ID, response_id, wait_s=self.wait_s)
         except NotFound:
             return  # unknown: ``get`` says so
-        except sa.exc.DBAPIError:  # refused or broken: the store cannot say now
+        except StoreUnavailable:  # refused or broken: the store cannot say now
             raise ProxyError(503, f"previous response {response_id!r} was answered by another proxy replica and "
                                   "the store, which holds it, cannot be read now; retry later",
                              type="server_error", code="store_unavailable") from None

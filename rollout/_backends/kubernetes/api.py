@@ -2,7 +2,7 @@
 
 Objects stay plain dicts (``_preload_content=False``): the generated models validate strictly and reject the
 partial objects a watch or an older server can send. 429 and 5xx (and dropped connections) are retried with
-exponential backoff and full jitter, never sooner than the server's ``Retry-After``; other errors raise
+exponential backoff and equal jitter (``forge_store.Backoff``), never sooner than the server's ``Retry-After``; other errors raise
 ``ApiError`` (a ``SandboxError`` of kind ``api_error``) at once. Every request is counted by verb and resource.
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import collections
 import json
-import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from forge_store import Backoff
 
 from ..base import SandboxError
 from .config import KubernetesConfig
@@ -108,6 +109,7 @@ class Api:
         from urllib3.exceptions import HTTPError
 
         kwargs.setdefault("_request_timeout", self.cfg.request_timeout_s)
+        delays = self.backoff()
         for attempt in range(self.cfg.max_retries + 1):
             waited = self.bucket.take()
             self.count(f"{verb} {resource}")
@@ -131,13 +133,13 @@ class Api:
                 raise ApiError(f"{verb} {resource}: still HTTP {status or 'no response'} ({_message(body)}) after "
                                f"{attempt + 1} attempts; the API server is overloaded or down. Lower qps / "
                                f"max_pods_in_flight or raise max_retries", status=status)
-            self._sleep(self.backoff(attempt, retry_after))
+            self._sleep(delays.next(retry_after))
         raise AssertionError("unreachable")
 
-    def backoff(self, attempt: int, retry_after: float | None) -> float:
-        cap = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * (2 ** attempt))
-        delay = random.uniform(cap / 2, cap)
-        return max(delay, retry_after) if retry_after is not None else delay
+    def backoff(self) -> Backoff:
+        """The delays between tries of one request (or one watch): from ``backoff_base_s``, doubling up to
+        ``backoff_max_s``, each drawn from the upper half of its step."""
+        return Backoff(self.cfg.backoff_base_s, self.cfg.backoff_max_s, jitter=True)
 
 
 def _retry_after(headers: Any) -> float | None:

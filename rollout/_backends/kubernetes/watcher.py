@@ -94,7 +94,7 @@ class PodWatcher:
         from urllib3.exceptions import HTTPError
 
         sel = selector_string(self.selector)
-        attempt = 0
+        delays = self.api.backoff()
         version: str | None = None
         while not self._stop.is_set():
             try:
@@ -121,11 +121,10 @@ class PodWatcher:
                         self._apply(event["type"], obj)
                     if self._stop.is_set():
                         break
-                attempt = 0
+                delays.reset()
             except (ApiError, ApiException, HTTPError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     break
                 log.warning("pod watch in %s failed (%s); listing again after a backoff", self.namespace, exc)
                 version = None
-                time.sleep(self.api.backoff(attempt, None))
-                attempt += 1
+                time.sleep(delays.next())

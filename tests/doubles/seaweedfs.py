@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._settings import Settings
+from forge_store import Settings
 
 _PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
           "s3.port", "s3.port.grpc")
@@ -86,13 +86,13 @@ class SeaweedFS:
         bucket already held reads back (the buckets are made just after the gateway starts; after a restart the
         listing answers from the filer before the volume server has registered its volumes, and a read then gets a
         500)."""
-        from ._objstore import ObjectStoreError, S3Location
+        from forge_store import ObjectStoreError, open_location
 
         quick = self.settings(s3_max_retries=0, s3_timeout_s=2.0)
         probe = f"_openforge_ready/{os.getpid()}-{time.monotonic_ns()}"
         try:
             for bucket in self.buckets:
-                loc = S3Location(f"s3://{bucket}", quick)
+                loc = open_location(f"s3://{bucket}", quick)
                 held = loc.list()
                 loc.put_bytes(probe, b"ready")
                 ok = loc.get_bytes(probe) == b"ready"

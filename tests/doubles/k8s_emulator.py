@@ -23,7 +23,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from .results import message
+from rollout._backends.kubernetes.results import message
 
 RESOURCES = ("v1/pods", "v1/secrets", "v1/configmaps", "v1/events", "networking.k8s.io/v1/networkpolicies")
 _VERBS = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create", "UPDATE": "patch",
