@@ -40,10 +40,12 @@ from pathlib import Path
 try:
     from . import _lora as lora
     from ._sft_tokens import StepError, sft_tokens
+    from ._step_choices import resolve_precision, weigh_negatives
     from ._step_losses import LOSS_AGG_MODES, policy_loss
 except ImportError:   # run by path (python learner/train_step.py): its folder is on sys.path
     import _lora as lora
     from _sft_tokens import StepError, sft_tokens
+    from _step_choices import resolve_precision, weigh_negatives
     from _step_losses import LOSS_AGG_MODES, policy_loss
 
 # seconds per (token x parameter) of a forward and backward pass, SmolLM2-135M on this 2-core machine: fp32 7.7 s for
@@ -69,19 +71,6 @@ def _micro_batches(batch: list, length) -> list[list]:
             cur = []
         cur.append(s)
     return out + ([cur] if cur else [])
-
-
-def resolve_precision(torch, asked: str) -> str:
-    """``auto`` -> bf16 where oneDNN computes bfloat16 natively, else fp32. Measured on an AVX2-only AMD EPYC of
-    this kind of machine: a 1024x1024 matmul under bf16 autocast took 60x as long as in fp32 (emulated), so bf16 is
-    never a safe default on a CPU whose capability is not known."""
-    if asked != "auto":
-        return asked
-    try:
-        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):   # a torch without the probe: assume nothing
-        native = False
-    return "bf16" if native else "fp32"
 
 
 def _autocast(torch):
@@ -242,14 +231,6 @@ def run(torch, model, batches, step_fn, tokens_of, params: int) -> dict:
             "train_seconds": round(time.monotonic() - t0, 2), "optimizer_resumed": resumed,
             "precision": ARGS.precision, **({"clipfrac_mean": sum(clip) / len(clip)} if clip else {}),
             **{k: v for k, v in first.items() if k != "clipfrac"}}
-
-
-def weigh_negatives(samples: list[dict], weight: float) -> list[dict]:
-    """Negative advantages scaled by ``weight`` (1: GRPO as is; 0: only the group's better-than-average samples pull,
-    the rest then have advantage 0 and are dropped). The positive ones are left alone."""
-    if weight == 1.0:
-        return samples
-    return [dict(s, advantage=s["advantage"] * weight) if s["advantage"] < 0 else s for s in samples]
 
 
 def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
