@@ -28,6 +28,7 @@ from ._records import (
     StoredCall,
     Trajectory,
 )
+from ._rescores import RescoreRow, record_rescores, rescored_call_ids, rescores
 from ._rewards import latest_reward
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
@@ -74,6 +75,7 @@ __all__ = [
     "ObjectStoreError",
     "RewardInfo",
     "RolloutFilter",
+    "RescoreRow",
     "RolloutInfo",
     "SchemaMismatch",
     "Settings",
@@ -95,5 +97,8 @@ __all__ = [
     "open_blob_store",
     "open_location",
     "open_store",
+    "record_rescores",
+    "rescored_call_ids",
+    "rescores",
     "sha256_hex",
 ]
