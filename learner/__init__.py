@@ -11,8 +11,14 @@ from ._export import ExportError, export, verify
 from ._formats import EXPORTERS, Exporter, get_exporter
 from ._grpo import GrpoConfig, group_advantages, grpo_advantages, policy_lag, policy_order
 from ._lineage import LineageError, policy_lineage
+from ._mismatch import WHY_SELF_FAILS, self_consistency
+from ._mismatch import by_version as mismatch_by_version
+from ._mismatch import pairs as mismatch_pairs
+from ._mismatch import per_rollout as mismatch_per_rollout
+from ._mismatch import tally as mismatch_tally
 from ._plan import ExportConfig
 from ._query import QueryError, parse_where
+from ._rescore import RescoreError, RescoreResult, rescore
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
 from ._report import comparison_rows, print_comparison, print_table
 from ._export_location import export_to, verify_at
@@ -20,10 +26,11 @@ from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_r
 from ._train import TrainError, TrainResult, train
 
 __all__ = ["AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
-           "LineageError", "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError",
-           "SLICES", "Segment", "ToolStep", "TrainError", "TrainResult", "analyze", "compare_tasks",
-           "compare_versions", "comparison_rows", "export", "export_to", "get_exporter", "group_advantages",
-           "grpo_advantages", "mcnemar_exact", "parse_where", "pass_at_k", "pass_hat_k", "policy_lag",
-           "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct", "reconstruct_rollout",
-           "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify", "verify_at", "version_tasks",
-           "wilson_interval"]
+           "LineageError", "QueryError", "Reconstruction", "RescoreError", "RescoreResult", "RolloutRubrics",
+           "RubricConfig", "RubricConfigError", "SLICES", "Segment", "ToolStep", "TrainError", "TrainResult",
+           "WHY_SELF_FAILS", "analyze", "compare_tasks", "compare_versions", "comparison_rows", "export", "export_to",
+           "get_exporter", "group_advantages", "grpo_advantages", "mcnemar_exact", "mismatch_by_version",
+           "mismatch_pairs", "mismatch_per_rollout", "mismatch_tally", "parse_where", "pass_at_k", "pass_hat_k",
+           "policy_lag", "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct",
+           "reconstruct_rollout", "rescore", "rollout_rubrics", "rubric_summary", "self_consistency", "tool_steps",
+           "train", "verify", "verify_at", "version_tasks", "wilson_interval"]
