@@ -31,6 +31,7 @@ from . import _columns as columns
 from ._export_workers import default_workers, forkable, plan_in_workers
 from ._formats import get_exporter
 from ._plan import Exclusion, ExportConfig, ExportError, Planner
+from ._rollout_correction import RolloutCorrected, manifest_entry
 from ._rollout_facts import collector_paused
 from ._export_notes import latest, note_lineage
 
@@ -182,6 +183,15 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
                                 export_id=export_id, id=eid)
 
     planner = Planner(store, cfg, wm, on_exclusion, batched=batched)
+    correction = None
+    if cfg.rollout_is is not None:
+        version = cfg.rollout_is_version or planner.current
+        if version is None or version not in planner.policies:
+            raise ExportError(f"--rollout-is-version {version!r} is not a policy version in the store as of watermark "
+                              f"{wm}; pass the version the trainer starts from (known: "
+                              f"{', '.join(planner.policies) or '(none)'})")
+        exporter = RolloutCorrected(exporter, cfg, version)
+        correction = manifest_entry(cfg, version)
     lineage: dict[str, set] = {k: set() for k in ("harnesses", "image_digests", "policy_versions",
                                                   "tool_schema_hashes", "verifier_versions", "reward_sources")}
     # the cycle collector paused (workers fork with it paused): an export allocates millions of short-lived,
@@ -212,6 +222,8 @@ def export(store: Store, out: Path | str, cfg: ExportConfig, *, as_of: int | Non
         "files": sorted(files, key=lambda f: f["path"]),
         "lineage": {k: sorted(v) for k, v in lineage.items()}, "software": _software(),
     }
+    if correction is not None:
+        manifest["rollout_correction"] = correction
     (out / MANIFEST).write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     if record:
         store.record_export(export_id, format=cfg.format, watermark=wm, query=cfg.where, out_dir=str(out),

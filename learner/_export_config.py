@@ -35,6 +35,12 @@ class ExportConfig:
     group_where: str | None = None  # keep a group whole when any of its rollouts matches (``--where`` language)
     allow_partial_groups: bool = False  # a ``--where`` may keep part of a GRPO group (advantages: whole group)
     include_redacted: bool = False  # export rollouts with a redacted call (their token ids carry the secret)
+    # off-policy weights (veRL shards): learner._rollout_weights' mode, its cap, the version whose re-score gives the
+    # trainer's logprobs (None: the current policy version as of the watermark) and the scorer of that re-score
+    rollout_is: str | None = None
+    rollout_is_cap: float = 2.0
+    rollout_is_version: str | None = None
+    rollout_is_scorer: str = "hf-float32"
 
     def grpo(self) -> GrpoConfig:
         return GrpoConfig(gamma=self.gamma, epsilon=self.epsilon, norm_by_std=self.norm_by_std,
@@ -43,6 +49,9 @@ class ExportConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["reward_sources"] = list(self.reward_sources) if self.reward_sources else None
+        if self.rollout_is is None:   # exports without weights keep the config (and so the export id) they had
+            for k in ("rollout_is", "rollout_is_cap", "rollout_is_version", "rollout_is_scorer"):
+                del d[k]
         return d
 
     @classmethod

@@ -42,6 +42,8 @@ def _decode_conversation(row: dict) -> dict:
 def read_rows(shard: Path, manifest: dict) -> list[dict]:
     """Every row of the shard's training files, in file order (the manifest lists them sorted)."""
     prefix, columns = ROWS[manifest["format"]]
+    if manifest.get("rollout_correction"):   # a veRL shard with off-policy weights (learner._rollout_correction)
+        columns = [*columns, manifest["rollout_correction"]["column"]]
     rows: list[dict] = []
     for f in manifest["files"]:
         if f["path"].startswith(prefix + "-") and f["path"].endswith(".parquet"):

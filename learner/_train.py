@@ -197,10 +197,18 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                         ("--lora-rank", lora_rank), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
-    samples = [{k: r[k] for k in (("messages", "tools") if algo == "sft" else
-                                  ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "advantage"))}
-               for r in rows]
+    keys = (("messages", "tools") if algo == "sft" else
+            ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "advantage"))
+    correction = manifest.get("rollout_correction") if algo == "grpo" else None
+    if correction:   # the shard's off-policy weights multiply the per-token loss (veRL's rollout_is_weights)
+        keys = (*keys, correction["column"])
+        if progress:
+            progress(f"grpo: rollout_is_weights from the shard ({correction['mode']}, cap {correction['cap']:g}, "
+                     f"re-scored under {correction['version']})")
+    samples = [{k: r[k] for k in keys} for r in rows]
     step = _run_step(python, args, samples, timeout_s, progress)
+    if correction:
+        step["rollout_correction"] = correction
     global_step = int(parent_row.get("global_step") or 0) + int(step["steps"])
     pid = policy_id or _policy_id(parent_row, base_dir, algo, global_step, step["checkpoint_sha256"])
     meta = {"parent": parent_id, "algorithm": algo, "export_id": manifest["export_id"], "shard": str(shard.resolve()),

@@ -259,6 +259,7 @@ def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
             "masked_tokens": sum(sum(s["response_mask"]) for s in used),
             "nonzero_advantages": sum(1 for s in fits if s["advantage"] != 0),
             "samples_without_logprobs": sum(1 for s in used if s.get("response_logprobs") is None),
+            "rollout_is_weighted_samples": sum(1 for s in used if s.get("rollout_is_weights") is not None),
             "negative_weight": ARGS.negative_weight, "loss_agg": ARGS.loss_agg, "clip": [ARGS.clip_low, ARGS.clip_high, ARGS.clip_c], **out}
 
 

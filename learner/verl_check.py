@@ -7,6 +7,7 @@ which the veRL venv does not have.
     python3.11 learner/verl_check.py setup          # build the venv (idempotent; `make verl-env`)
     <venv>/bin/python learner/verl_check.py compare FILE  # compare FILE's advantages/samples with veRL's
     <venv>/bin/python learner/verl_check.py policy-loss   # the CPU step's policy loss against veRL's vanilla one
+    <venv>/bin/python learner/verl_check.py rollout-corr FILE  # an export's rollout_is_weights against veRL's
     python3.11 learner/verl_check.py python         # print the venv's python
 
 ``compare`` reads a JSON file written by tests/slow/test_verl_crosscheck.py:
@@ -293,6 +294,51 @@ def policy_loss_check(tol: float = 1e-6) -> int:
     return 0 if report["ok"] else 1
 
 
+def rollout_corr_check(path: str, tol: float = 1e-5) -> int:
+    """An export's ``rollout_is_weights`` against veRL's rollout correction on the same logprobs.
+
+    FILE (JSON): ``{"cases": [{"name", "mode", "cap", "old": [[...]], "rollout": [[...]], "mask": [[...]],
+    "ours": [[...]]}]}``: per sample, the trainer's and the engine's logprob and the mask at every response position
+    and the weights the export wrote. ``mode`` maps to veRL's settings as the export's manifest says
+    (``learner/_rollout_weights.py``: ``verl_settings``); veRL's ``compute_rollout_correction_and_rejection_mask``
+    must give our weights to ``tol`` (relative)."""
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    ours_mod = importlib_util_load("_rollout_weights", ROOT / "learner" / "_rollout_weights.py")
+    report = {"ok": True, "cases": []}
+    for case in json.loads(Path(path).read_text())["cases"]:
+        settings = ours_mod.verl_settings(case["mode"], case["cap"])
+        width = max(len(m) for m in case["mask"])
+
+        def pad(rows):
+            return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float64)
+
+        old, rollout, mask = pad(case["old"]), pad(case["rollout"]), pad(case["mask"])
+        weights, _, _ = compute_rollout_correction_and_rejection_mask(old, rollout, mask, **settings)
+        verl_w = weights.batch["rollout_is_weights"]
+        ours = pad(case["ours"])
+        diff = float(((verl_w - ours).abs() / verl_w.abs().clamp(min=1.0)).max())
+        live = mask > 0
+        entry = {"name": case["name"], "mode": case["mode"], "cap": case["cap"], "verl_settings": settings,
+                 "samples": len(case["mask"]), "tokens": int(live.sum()), "max_rel_diff": diff,
+                 "capped": int(((verl_w - case["cap"]).abs() < 1e-12)[live].sum()),
+                 "masked": int((verl_w == 0)[live].sum()), "equal": diff <= tol}
+        report["ok"] &= entry["equal"]
+        report["cases"].append(entry)
+    print(json.dumps(report, indent=1))
+    return 0 if report["ok"] else 1
+
+
+def importlib_util_load(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["setup"]:
@@ -301,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["compare"] and len(argv) == 2:
         return compare(argv[1])
+    if argv[:1] == ["rollout-corr"] and len(argv) == 2:
+        return rollout_corr_check(argv[1])
     if argv[:1] == ["policy-loss"]:
         return policy_loss_check()
     if argv[:1] == ["python"]:

@@ -90,6 +90,10 @@ def _report(res) -> None:
         ratio = s.get("importance_ratio_mean")
         line += (f"; {s['nonzero_advantages']} samples with a non-zero advantage, {s['masked_tokens']} policy tokens, "
                  f"importance ratio on the first batch {'n/a' if ratio is None else round(ratio, 4)}")
+        if s.get("rollout_is_weighted_samples"):
+            rc = s.get("rollout_correction") or {}
+            line += (f"; off-policy weights from the shard on {s['rollout_is_weighted_samples']} samples "
+                     f"({rc.get('mode')}, cap {rc.get('cap')}, re-scored under {rc.get('version')})")
         if s.get("samples_without_logprobs"):
             line += f" ({s['samples_without_logprobs']} samples without logprobs trained as on-policy)"
     _console().print(line)
