@@ -6,10 +6,10 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboards._context import Context, open_or_explain, sidebar_reward_sources, sidebar_window, store_url
-from dashboards._views import annotate, behaviour, exports, overview, trajectories
+from dashboards._views import annotate, behaviour, exports, mismatch, overview, trajectories
 
 PAGES = {"Overview": overview, "Trajectories": trajectories, "Behaviour": behaviour, "Exports": exports,
-         "Annotate": annotate}
+         "Mismatch": mismatch, "Annotate": annotate}
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     if page == "Annotate":
         PAGES[page].render(store, url)
         return
-    if page == "Exports":
+    if page in ("Exports", "Mismatch"):
         PAGES[page].render(store)
         return
     window = sidebar_window(store)

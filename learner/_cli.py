@@ -65,6 +65,15 @@ def export_command(
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes that plan the export (default: one "
                                           "per core, at most 8, for a store of 2,000 finished rollouts or more; "
                                           "1: this process alone). The shards are the same bytes either way."),
+    rollout_is: Optional[str] = typer.Option(None, "--rollout-is", help="veRL shards: per-token rollout_is_weights "
+                                             "from a re-score (openforge rescore): token-tis | sequence-tis | "
+                                             "token-mis | sequence-mis (veRL's rollout correction)."),
+    rollout_is_cap: float = typer.Option(2.0, "--rollout-is-cap", help="Cap of the importance weights (veRL's "
+                                         "rollout_is_threshold); MIS keeps ratios in [1/cap, cap]."),
+    rollout_is_version: Optional[str] = typer.Option(None, "--rollout-is-version", help="The version the trainer "
+                                                     "starts from, whose re-scores are the trainer's logprobs "
+                                                     "(default: the current policy version)."),
+    rollout_is_scorer: str = typer.Option("hf-float32", "--rollout-is-scorer", help="The re-scores' scorer."),
     store: Optional[str] = typer.Option(None, "--store", help="Store URL."),
 ) -> None:
     """Export training shards; ``export verify MANIFEST`` checks an export against the store."""
@@ -92,7 +101,9 @@ def export_command(
     try:
         cfg = ExportConfig(format=format, reward_sources=tuple(reward_source) or None, where=where, max_policy_lag=max_policy_lag, min_group_size=min_group_size,
                            keep_truncated=keep_truncated, norm_by_std=not no_std, group_where=group_where,
-                           allow_partial_groups=allow_partial_groups, include_redacted=include_redacted)
+                           allow_partial_groups=allow_partial_groups, include_redacted=include_redacted,
+                           rollout_is=rollout_is, rollout_is_cap=rollout_is_cap, rollout_is_version=rollout_is_version,
+                           rollout_is_scorer=rollout_is_scorer)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:
             task = bar.add_task(f"export {format}", total=None)
@@ -106,6 +117,9 @@ def export_command(
     console.print(f"export {manifest['export_id']}: {c['rows']} rows from {c['rollouts_exported']} rollouts in "
                   f"{c['groups']} groups at watermark {manifest['watermark']}; merge rate {manifest['merge_rate']}; "
                   f"excluded {json.dumps(manifest['exclusions'])} -> {out}")
+    if rc := manifest.get("rollout_correction"):
+        console.print(f"rollout_is_weights: {rc['mode']} capped at {rc['cap']:g}, trainer logprobs from the re-score "
+                      f"of {rc['version']} by {rc['scorer']} (veRL: {json.dumps(rc['verl'])})")
 
 
 @export_app.command("verify")
@@ -170,6 +184,8 @@ def analyze_command(
     purpose: str = typer.Option("eval", "--purpose", help="With --compare: the rollouts compared (eval | train | "
                                 "teacher | any)."),
     as_json: bool = typer.Option(False, "--json", help="With --compare: print the comparison as JSON."),
+    ratio_eps: float = typer.Option(0.2, "--ratio-eps", help="Logprob mismatch table: the share of re-scored "
+                                    "tokens whose ratio leaves [1 - eps, 1 + eps]."),
 ) -> None:
     """Behaviour rubrics, pass@k / pass^k, latency, timeout / infra-error / exclusion rates per slice; with
     --compare A B, two versions side by side with paired intervals."""
@@ -182,6 +198,8 @@ def analyze_command(
 
     if by not in SLICES:
         _fail(f"--by {by!r}: slice by one of {', '.join(SLICES)}")
+    if not 0 < ratio_eps < 1:
+        _fail(f"--ratio-eps {ratio_eps}: the ratio band [1 - eps, 1 + eps] needs 0 < eps < 1 (PPO's clip: 0.2)")
     start = None
     if since:
         try:
@@ -199,6 +217,9 @@ def analyze_command(
 
         ids = [r.id for r in st.iter_rollouts() if r.ended_at is not None and (start is None or r.started_at >= start)]
         agreement = judge_agreement(st, ids)
+        from ._mismatch import by_version, pairs
+
+        mismatch = by_version(st, pairs(st), ratio_eps)
     except AnalysisError as exc:
         _fail(exc)
     finally:
@@ -213,6 +234,10 @@ def analyze_command(
     if agreement["n"]:
         _print_rows("Judge vs verifier agreement (rollouts with both)", [agreement])
         report["judge_agreement"] = [agreement]
+    if mismatch:
+        _print_rows("Logprob mismatch: engine against re-scores (openforge rescore), by behaviour version and "
+                    "re-scored version", mismatch)
+        report["mismatch"] = mismatch
     if csv:
         _write(report, csv, "csv")
     if parquet:

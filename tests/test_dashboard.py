@@ -152,3 +152,30 @@ def test_no_successful_rollout_means_no_step_efficiency_anywhere(tmp_path, monke
     rubrics = at.dataframe[-1].value
     assert "step_efficiency" in rubrics.index and rubrics.loc["step_efficiency"].isna().all()
     assert rubrics.loc["tool_coverage"].isna().all() and rubrics.loc["rollouts"].eq(3).all()
+
+
+def test_mismatch_page_shows_the_rescores(seeded, monkeypatch):
+    from forge_store import RescoreRow, record_rescores
+
+    url, home = seeded
+    at = _app(monkeypatch, url, home)
+    at.sidebar.radio(key="page").set_value("Mismatch").run()
+    assert not at.exception and "No re-scores yet" in at.info[0].value
+    with open_store(url, settings=Settings(home=home)) as st:
+        ids = [r.id for r in st.iter_rollouts()][:4]
+        calls = [c for cs in st.token_calls(ids).values() for c in cs if c.logprobs]
+        versions = sorted({c.policy_version_id for c in calls if c.policy_version_id})
+        assert calls and versions
+        rows = [RescoreRow(c.id, c.rollout_id, c.policy_version_id, "hf-float32", None, c.completion_logprobs)
+                for c in calls if c.policy_version_id]
+        rows += [RescoreRow(c.id, c.rollout_id, "other", "hf-float32", None, [x - 0.3 for x in c.completion_logprobs])
+                 for c in calls]
+        st.register_policy_version("other", model_name="m", global_step=9)
+        assert record_rescores(st, rows) == len(rows)
+    at.run()
+    assert not at.exception, at.exception
+    assert "ratio mean 1.00000 (within [0.99, 1.01])" in at.success[0].value
+    by_version = at.dataframe[0].value
+    other = by_version[by_version["rescored_under"] == "other"].iloc[0]
+    assert other["rescored_step"] == 9 and other["mismatch_mean"] == pytest.approx(0.3, abs=1e-5)
+    assert len(at.dataframe[1].value) >= len(ids)
