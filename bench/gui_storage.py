@@ -96,7 +96,7 @@ def record_rollouts(screens: list[list[bytes]], work: Path) -> dict:
     import openai
     import sqlalchemy as sa
 
-    from proxy.testing import ScriptedUpstream, ToolCall, ToolCalls, UpstreamServer
+    from proxy.engines.scripted import ScriptedUpstream, ToolCall, ToolCalls, UpstreamServer
 
     double = ScriptedUpstream(max_model_len=1 << 20)
     double.script.extend(ToolCalls([ToolCall("computer", {"action": "click", "x": 60, "y": 90 + 30 * (i % 12)})])

@@ -1,6 +1,6 @@
 """Proxy overhead: the same load straight at the upstream double and through the recording proxy.
 
-Three processes on loopback: the scripted upstream (``python -m proxy.testing.upstream``, answering a short text
+Three processes on loopback: the scripted upstream (``python -m proxy.engines.scripted.upstream``, answering a short text
 after a 20 ms delay), the proxy (``openforge proxy``, recording into a fresh SQLite store through its journal),
 and this load generator (aiohttp, one event loop). Each client is one rollout with its own token and cycles
 through 8 distinct 8 KB prompts, so every request differs from its rollout's previous one (the proxy prepares,
@@ -192,7 +192,7 @@ def main() -> None:
     up_port, px_port, pt_port = free_port(), free_port(), free_port()
     env = {**os.environ, "OPENFORGE_HOME": str(tmp / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN,
            "PYTHONPATH": str(ROOT)}
-    upstream = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)],
+    upstream = subprocess.Popen([sys.executable, "-m", "proxy.engines.scripted.upstream", "--port", str(up_port)],
                                 env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "upstream.log", "wb"), cwd=ROOT)
     store = f"sqlite:///{tmp / 'store.sqlite'}"
     command = ([str(Path(sys.executable).parent / "openforge"), "proxy", "--upstream", f"http://127.0.0.1:{up_port}",

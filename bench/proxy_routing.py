@@ -1,7 +1,7 @@
 """Routing over engine replicas: one recording proxy (``openforge proxy --upstream ... --upstream ...``) in front of
 1, 2 and 4 engine doubles, 64 concurrent rollouts.
 
-What the doubles simulate (``proxy.testing.EngineReplicas``, ``ScriptedUpstream.set_capacity``): an engine with a
+What the doubles simulate (``proxy.engines.scripted.EngineReplicas``, ``ScriptedUpstream.set_capacity``): an engine with a
 batch limit. Each handles at most ``--capacity`` requests at once, each spending ``--slow`` seconds in it (prefill and
 decode, as one wait), and queues the rest, as requests past vLLM's ``max_num_seqs`` wait in its scheduler; one
 replica so serves at most capacity / slow calls a second, and more replicas should raise throughput until the proxy
@@ -39,7 +39,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.testing import EngineReplicas  # noqa: E402
+from tests.doubles.engine_replicas import EngineReplicas  # noqa: E402
 
 ADMIN = "bench-admin-token-0123456789"
 CLIENTS = 64

@@ -32,8 +32,8 @@ from rich.progress import Progress  # noqa: E402
 
 from forge_store import Settings, open_store  # noqa: E402
 from openforge.embedded_proxy import EmbeddedProxy
-from proxy.testing import ScriptedUpstream, UpstreamServer  # noqa: E402
-from proxy.testing.tokenizer import load_smollm2_tokenizer  # noqa: E402
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer  # noqa: E402
+from proxy.engines.scripted.tokenizer import load_smollm2_tokenizer  # noqa: E402
 from rollout import AdminClient  # noqa: E402
 from rollout._backends.local import LocalBackend  # noqa: E402
 from rollout._harnesses import get_harness  # noqa: E402

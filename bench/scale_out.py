@@ -1,6 +1,6 @@
 """Proxy replicas behind one address under GUI-agent load, one replica killed with SIGKILL mid-run and restarted.
 
-Starts the engine double (``python -m proxy.testing.upstream``, its own process), PostgreSQL (a fresh database on
+Starts the engine double (``python -m proxy.engines.scripted.upstream``, its own process), PostgreSQL (a fresh database on
 the local server unless ``--store`` names one) and ``openforge proxy --workers R`` (R replicas on one port, each
 with its own journal). Then ``--rollouts`` concurrent simulated rollouts (registered through the admin API) each
 make ``--turns`` chat calls whose history grows by one screenshot (a PNG image part, ``--image-kb``) per turn. When
@@ -283,7 +283,7 @@ def main() -> None:
                    "PYTHONPATH": str(ROOT)}
             blobs_at = blob_env(args.blobs, Path(tmp), env, stack)
             up_port, port = free_port(), free_port()
-            up = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(up_port)], env=env,
+            up = subprocess.Popen([sys.executable, "-m", "proxy.engines.scripted.upstream", "--port", str(up_port)], env=env,
                                   stdout=subprocess.DEVNULL)
             procs.append(up)
             wait_up(f"http://127.0.0.1:{up_port}/health", up, "the engine double")

@@ -8,7 +8,7 @@ concurrency, is what this measures.
 
 Load: ~8 KB chat prompt (pre-encoded bytes, as a proxy forwards them), max_tokens 16, a short scripted
 answer after a fixed 20 ms upstream delay (a `Delay` step scripted into `ScriptedUpstream`, served in a
-SEPARATE process by `python -m proxy.testing.upstream --port P`, so client and server share no GIL).
+SEPARATE process by `python -m proxy.engines.scripted.upstream --port P`, so client and server share no GIL).
 Each client is used as a proxy would: one long-lived client per cell, keep-alive, pool sized for the
 concurrency. Variants: httpx-default (AsyncClient(): 20 keep-alive connections), httpx-sized
 (http2=False, Limits sized), httpx-raw (httpx-sized, SSE split from aiter_raw instead of aiter_lines;
@@ -217,7 +217,7 @@ def start_upstream(delay: float) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(port)], cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.engines.scripted.upstream", "--port", str(port)], cwd=ROOT)
     base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
     while not _reachable(base + "/health"):
         if proc.poll() is not None or time.monotonic() > deadline:

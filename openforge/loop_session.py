@@ -118,7 +118,7 @@ class Session:
 
     def _scripted_teacher(self, tasks) -> str:
         from proxy.engines import chat_template
-        from proxy.testing import (
+        from proxy.engines.scripted import (
             Conversations,
             ScriptedUpstream,
             UpstreamServer,

@@ -4,7 +4,7 @@ Public: ``build_proxy`` (a proxy assembled from settings: wire protocols, store,
 service, ASGI app), ``HttpServer`` (the proxy's own HTTP/1.1 server, which ``openforge proxy`` runs) with its
 ``HttpLimits`` (deadlines, size and connection caps, from settings), ``ProxySettings`` (the proxy's own settings:
 secrets, limits, timeouts, budgets, modes; ``OPENFORGE_PROXY_*``), and the errors. Real engines to put behind
-it are in ``proxy.engines``, test doubles of one in ``proxy.testing``; every other module is private:
+it are in ``proxy.engines`` (vLLM on the CPU, and ``proxy.engines.scripted``, an engine answering from a script); every other module is private:
 ``_protocols/`` (one module or folder per wire protocol, and their registry), ``_service`` (a call's path),
 ``_failover`` (a call's replicas),
 ``_asgi_app`` (model calls to the service, the rest to ``_operator_api``), ``_http/`` (the server), ``_upstream/``

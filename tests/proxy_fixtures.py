@@ -16,7 +16,7 @@ import uvicorn
 from forge_store import Settings
 from proxy import HttpServer, Proxy, ProxySettings, build_proxy
 from proxy._asgi_app import ProxyApp
-from proxy.testing import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer, load_smollm2_tokenizer
 
 
 class ServeInThread:

@@ -12,7 +12,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from proxy.testing import ScriptedUpstream, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer
 from tests.proxy_fixtures import Up, make_proxy
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

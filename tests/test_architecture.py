@@ -36,7 +36,7 @@ PUBLIC = {
     "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "ProxySettings", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
                       "default_cache_dir", "ensure_env", "ensure_model"],
-    "proxy.testing": ["ChatTokenizer", "Conversations", "Delay", "EngineReplicas", "HTTPError", "RecordedRequest",
+    "proxy.engines.scripted": ["ChatTokenizer", "Conversations", "Delay", "HTTPError", "RecordedRequest",
                       "Script", "ScriptedUpstream", "Step", "Text", "ToolCall", "ToolCalls", "UpstreamServer",
                       "load_script", "load_smollm2_tokenizer", "load_tokenizer_from_gguf", "run_upstream",
                       "steps_from_actions"],

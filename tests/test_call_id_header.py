@@ -9,7 +9,7 @@ import pytest
 
 from forge_store import Settings
 from proxy import build_proxy
-from proxy.testing import HTTPError, Text
+from proxy.engines.scripted import HTTPError, Text
 from tests.proxy_fixtures import ProxyHarness, ServeInThread
 
 HEADER = "X-OpenForge-Call-Id"

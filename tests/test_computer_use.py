@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from learner import reconstruct
-from proxy.testing import steps_from_actions
+from proxy.engines.scripted import steps_from_actions
 from rollout import get_harness, load_tasks
 from rollout._backends.base import Phase, Resources, SandboxError, SandboxSpec
 from rollout._harnesses.base import LaunchContext
@@ -276,7 +276,7 @@ def test_browser_use_unmodified_books_the_room_in_the_sandbox(forge):
     (screenshots as image parts, so blobs in the store), scored by the task's own verifier."""
     import json
 
-    from proxy.testing import Text
+    from proxy.engines.scripted import Text
 
     h = get_harness("browser-use")
     if not h.is_installed():

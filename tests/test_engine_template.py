@@ -1,4 +1,4 @@
-"""The CPU engine's chat template (`proxy.engines.chat_template()`), rendered by `proxy.testing`'s SmolLM2 tokenizer.
+"""The CPU engine's chat template (`proxy.engines.chat_template()`), rendered by `proxy.engines.scripted`'s SmolLM2 tokenizer.
 
 What the model writes for a tool call must be what vLLM's `hermes` parser reads back, and what the template renders
 when the harness sends those calls back, token for token, so that each prompt extends the previous prompt and
@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy.engines import chat_template
-from proxy.testing import (
+from proxy.engines.scripted import (
     ScriptedUpstream,
     Text,
     ToolCall,

@@ -1,6 +1,6 @@
 """GUI tasks end to end: every task of ``examples/gui-tasks`` in a real bubblewrap sandbox, its web app a task
 service on the sandbox's own loopback, the ``computer-use`` harness driving Debian's Chromium through Playwright, and
-the model played by the scripted engine (``proxy.testing.Conversations``: it stands in for a vision model served by
+the model played by the scripted engine (``proxy.engines.scripted.Conversations``: it stands in for a vision model served by
 vLLM, answering each turn with the next action of the task's script). The reference script
 (``solution/actions.json``) reaches 1.0 on every task and the near-miss script (``solution/wrong_actions.json``)
 0.0, both scored by the task's verifier from the app's state; every screenshot reaches the store as an image blob.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.testing import steps_from_actions
+from proxy.engines.scripted import steps_from_actions
 from rollout import get_harness, load_tasks
 from rollout._task import Task
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from proxy.testing.script import Text, ToolCall, ToolCalls
+from proxy.engines.scripted.script import Text, ToolCall, ToolCalls
 from rollout._harnesses import get_harness
 from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES

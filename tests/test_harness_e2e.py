@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.testing import ScriptedUpstream, Text, ToolCall, ToolCalls, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, Text, ToolCall, ToolCalls, UpstreamServer
 from tests.proxy_fixtures import ProxyHarness, make_proxy
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.testing import ScriptedUpstream, Text, ToolCall, ToolCalls, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, Text, ToolCall, ToolCalls, UpstreamServer
 from tests.proxy_fixtures import Up, make_proxy
 
 CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "harness-requests"

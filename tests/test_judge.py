@@ -19,7 +19,7 @@ from learner import ExportConfig, export
 from learner._cli import analyze_command, export_app
 from learner._judge import agreement, judge_agreement
 from openforge.judge import JudgeError, Rubric, parse_score, run_judge
-from proxy.testing import Conversations, ScriptedUpstream, Text, UpstreamServer, load_smollm2_tokenizer
+from proxy.engines.scripted import Conversations, ScriptedUpstream, Text, UpstreamServer, load_smollm2_tokenizer
 
 RUBRIC = Rubric("lists-files", "Score 1 when the agent listed the files before answering, else 0.")
 SCORES = {"ra": 1.0, "rb": 1.0, "rc": 0.0}   # the verifier gave ra 1, rb 0, rc 0

@@ -15,7 +15,7 @@ import shlex
 import pytest
 
 from forge_store import RolloutFilter
-from proxy.testing import Text, ToolCall, ToolCalls
+from proxy.engines.scripted import Text, ToolCall, ToolCalls
 from rollout import load_task
 from rollout._harnesses import get_harness
 from rollout._harnesses.base import LaunchContext

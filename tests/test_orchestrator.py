@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from forge_store import RolloutFilter
-from proxy.testing.script import Delay, Text, ToolCall, ToolCalls
+from proxy.engines.scripted.script import Delay, Text, ToolCall, ToolCalls
 from rollout._task import load_task, load_tasks
 from tests.rollout_fixtures import ANSWER_TEST as _ANSWER_TEST
 from tests.rollout_fixtures import EXAMPLES, CommandHarness, write_task

@@ -18,7 +18,7 @@ import pytest
 
 from openforge.policy_switch import PolicySwitchError, switch_policy
 from proxy._rollouts import RolloutRegistry
-from proxy.testing import Delay, ScriptedUpstream, Text, run_upstream
+from proxy.engines.scripted import Delay, ScriptedUpstream, Text, run_upstream
 from rollout import AdminClient
 from tests.proxy_fixtures import Up, running_proxy
 

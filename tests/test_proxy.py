@@ -9,7 +9,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from proxy.testing import Delay, Text, ToolCall, ToolCalls
+from proxy.engines.scripted import Delay, Text, ToolCall, ToolCalls
 
 USER = [{"role": "user", "content": "Say hello to the team."}]
 

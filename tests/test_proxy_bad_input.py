@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from proxy._protocols.body import MAX_DEPTH
-from proxy.testing import ScriptedUpstream, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer
 from tests.proxy_fixtures import Up, make_proxy
 
 CHAT = "/v1/chat/completions"

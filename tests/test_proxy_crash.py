@@ -14,7 +14,7 @@ import httpx
 import sqlalchemy as sa
 
 from forge_store import Settings, open_store
-from proxy.testing import Delay, Text
+from proxy.engines.scripted import Delay, Text
 from tests.netfault import TcpRelay, free_port
 from tests.proxy_fixtures import make_proxy
 

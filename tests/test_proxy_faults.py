@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.testing import Delay, HTTPError, Text
+from proxy.engines.scripted import Delay, HTTPError, Text
 from tests.proxy_fixtures import make_proxy
 
 USER = [{"role": "user", "content": "hello"}]

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.testing import Delay, Text
+from proxy.engines.scripted import Delay, Text
 from tests.proxy_fixtures import ServeInThread, make_proxy, running_proxy
 
 USER = [{"role": "user", "content": "hello"}]

@@ -21,7 +21,7 @@ import pytest
 
 from proxy import HttpServer, build_proxy
 from proxy._http import HttpLimits
-from proxy.testing import Text
+from proxy.engines.scripted import Text
 from tests.proxy_fixtures import ProxyHarness, split_settings
 from tests.test_proxy_front import USER, _read_responses, _request
 

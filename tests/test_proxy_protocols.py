@@ -11,7 +11,7 @@ from proxy import ProxyError
 from proxy._protocols.contract import WireProtocol
 from proxy._protocols.openai_chat import ChatCompletions
 from proxy._protocols.registry import PROTOCOLS, SURFACES, Protocols, protocols
-from proxy.testing import Text
+from proxy.engines.scripted import Text
 from tests.proxy_fixtures import ProxyHarness, ServeInThread, make_proxy
 
 USER = [{"role": "user", "content": "Say hello."}]

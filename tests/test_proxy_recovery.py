@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-from proxy.testing import Delay, Text
+from proxy.engines.scripted import Delay, Text
 from tests.netfault import TcpRelay, free_port
 from tests.proxy_fixtures import make_proxy
 from tests.test_proxy_crash import ADMIN, OPENFORGE, _start_proxy

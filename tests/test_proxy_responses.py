@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.testing import HTTPError, Text, ToolCall, ToolCalls
+from proxy.engines.scripted import HTTPError, Text, ToolCall, ToolCalls
 from tests.proxy_fixtures import ServeInThread, make_proxy
 from tests.reasoning_upstream import ReasoningUpstream
 

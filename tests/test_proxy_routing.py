@@ -23,7 +23,8 @@ import pytest
 
 from forge_store import Settings
 from proxy import build_proxy
-from proxy.testing import EngineReplicas, ScriptedUpstream, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer
+from tests.doubles.engine_replicas import EngineReplicas
 from tests.proxy_fixtures import ProxyHarness, ServeInThread
 
 CLIENTS = 64

@@ -23,8 +23,8 @@ from forge_store import Settings
 from proxy import HttpServer, ProxySettings, build_proxy
 from openforge.policy_switch import switch_policy
 from proxy._siblings import FORWARDED, bind_private
-from proxy.testing import ScriptedUpstream, UpstreamServer
-from proxy.testing.script import Script, step_from_dict
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer
+from proxy.engines.scripted.script import Script, step_from_dict
 from rollout import AdminClient
 from tests.netfault import free_port
 from tests.test_proxy_replicas import ADMIN, AUTH, _children, _eventually, _register, _start

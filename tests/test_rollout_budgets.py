@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.testing import Text
+from proxy.engines.scripted import Text
 from rollout import AdminClient
 from tests.proxy_fixtures import running_proxy
 

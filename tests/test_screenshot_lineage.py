@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 
 from learner._export import export
 from learner._plan import ExportConfig
-from proxy.testing import ToolCall, ToolCalls
+from proxy.engines.scripted import ToolCall, ToolCalls
 from tests.proxy_fixtures import px, up  # noqa: F401  (fixtures)
 
 STEPS = 5

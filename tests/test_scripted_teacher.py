@@ -1,4 +1,4 @@
-"""The scripted teacher: `proxy.testing.Conversations` answers each conversation's next step, picked by its first user
+"""The scripted teacher: `proxy.engines.scripted.Conversations` answers each conversation's next step, picked by its first user
 message (the task instruction) and its number of assistant turns; `steps_from_actions` turns a task's reference
 solution (``solution/actions.json``) into those steps. Real loopback HTTP, the official SDK, a real proxy."""
 
@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from learner import reconstruct
-from proxy.testing import Conversations, HTTPError, ScriptedUpstream, Text, ToolCalls, run_upstream, steps_from_actions
+from proxy.engines.scripted import Conversations, HTTPError, ScriptedUpstream, Text, ToolCalls, run_upstream, steps_from_actions
 from tests.proxy_fixtures import Up, running_proxy
 
 REACT = Path(__file__).resolve().parents[1] / "rollout" / "_harnesses" / "react_agent.py"

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from proxy import ProxySettings
 from proxy._auth import TokenSigner
 from proxy._redaction import RULES, Redactor
-from proxy.testing import HTTPError, ToolCall, ToolCalls
+from proxy.engines.scripted import HTTPError, ToolCall, ToolCalls
 from tests.proxy_fixtures import running_proxy
 
 # (rule, text holding the secret, the secret: what must not be stored). Distinct values, so a scan finds only these.

@@ -17,7 +17,7 @@ from forge_store import Settings, open_store
 from openforge.synth import SynthConfig
 from openforge.synth_prompts import build_key, propose_key, refine_key
 from openforge.synth_run import run_synth
-from proxy.testing import Conversations, ScriptedUpstream, Text, UpstreamServer, load_smollm2_tokenizer
+from proxy.engines.scripted import Conversations, ScriptedUpstream, Text, UpstreamServer, load_smollm2_tokenizer
 from rollout import load_task, task_version, validate_task
 from rollout._backends.local import LocalBackend
 from tests.rollout_fixtures import require_bwrap, shared_tmp  # noqa: F401  (fixture)

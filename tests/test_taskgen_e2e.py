@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from forge_store import RolloutFilter
-from proxy.testing.script import Text, ToolCall, ToolCalls
+from proxy.engines.scripted.script import Text, ToolCall, ToolCalls
 from rollout import RunConfig, generate_tasks, load_tasks
 from tests.rollout_fixtures import CommandHarness
 

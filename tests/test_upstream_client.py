@@ -14,7 +14,7 @@ import uvicorn
 
 from proxy._errors import UpstreamFailure
 from proxy._upstream import Upstream
-from proxy.testing import ScriptedUpstream, Text
+from proxy.engines.scripted import ScriptedUpstream, Text
 from tests.netfault import free_port
 
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

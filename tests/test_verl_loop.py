@@ -16,7 +16,7 @@ import pytest
 from learner import ExportConfig, export, reconstruct_rollout
 from openforge.verl_fence import WeightFence, read_proxy_file, write_proxy_file
 from openforge.verl_loop import LoopConfig, VerlRollouts
-from proxy.testing.script import Text, ToolCall, ToolCalls
+from proxy.engines.scripted.script import Text, ToolCall, ToolCalls
 from rollout import load_task
 from tests.conftest import make_call
 from tests.rollout_fixtures import ANSWER_TEST, write_task

@@ -21,7 +21,7 @@ import pytest
 from forge_store import Settings
 from learner import policy_lineage
 from proxy import build_proxy
-from proxy.testing import ScriptedUpstream, UpstreamServer
+from proxy.engines.scripted import ScriptedUpstream, UpstreamServer
 from tests.proxy_fixtures import ProxyHarness, ServeInThread
 
 UPDATES = 4

@@ -18,7 +18,7 @@ from forge_store import RolloutFilter, open_store
 from learner._export import export
 from learner._plan import ExportConfig
 from proxy.engines.vllm_cpu import CACHE_ENV, ensure_model
-from proxy.testing.script import Text, ToolCall, ToolCalls
+from proxy.engines.scripted.script import Text, ToolCall, ToolCalls
 from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES, make_forge
 

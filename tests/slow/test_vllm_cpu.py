@@ -3,7 +3,7 @@
 The server's defaults for a request that names none are defaults, not ceilings: max_tokens DEFAULT_MAX_TOKENS (the
 model folder's generation_config.json), temperature 0. Its chat template (`proxy.engines.chat_template()`) writes
 tools and tool calls in Hermes format; the `hermes` parser reads a call the model writes back into `tool_calls`, and
-`proxy.testing`'s tokenizer with the same template renders and tokenizes every turn as vLLM does.
+`proxy.engines.scripted`'s tokenizer with the same template renders and tokenizes every turn as vLLM does.
 
 Pinned facts (vLLM 0.32, `return_token_ids`): chat puts `prompt_token_ids` at the top level of the
 response (streams: on the first chunk only) and `token_ids` on each choice (streams: each chunk's new
@@ -152,8 +152,8 @@ def test_legacy_completions_carry_both_id_lists_on_the_choice(client, http):
 
 
 def test_scripted_double_tokenizes_like_the_real_vllm(http, tmp_path_factory):
-    """`proxy.testing`'s SmolLM2 tokenizer + template (used by ScriptedUpstream) match vLLM's, id for id."""
-    from proxy.testing.tokenizer import load_smollm2_tokenizer
+    """`proxy.engines.scripted`'s SmolLM2 tokenizer + template (used by ScriptedUpstream) match vLLM's, id for id."""
+    from proxy.engines.scripted.tokenizer import load_smollm2_tokenizer
 
     try:
         tok = load_smollm2_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"))
@@ -221,8 +221,8 @@ TOOL_CONVERSATION = [
 
 @pytest.fixture(scope="module")
 def engine_tok(tmp_path_factory):
-    """`proxy.testing`'s SmolLM2 tokenizer with the served template."""
-    from proxy.testing import load_smollm2_tokenizer
+    """`proxy.engines.scripted`'s SmolLM2 tokenizer with the served template."""
+    from proxy.engines.scripted import load_smollm2_tokenizer
 
     try:
         return load_smollm2_tokenizer(cache_dir=tmp_path_factory.mktemp("tok"), chat_template=chat_template())
@@ -278,7 +278,7 @@ def test_scripted_double_with_the_served_template_answers_as_vllm_would(http, en
     template's text for the call, which vLLM's prompt for the next turn extends."""
     from openai import OpenAI
 
-    from proxy.testing import ScriptedUpstream, ToolCall, ToolCalls, run_upstream
+    from proxy.engines.scripted import ScriptedUpstream, ToolCall, ToolCalls, run_upstream
 
     upstream = ScriptedUpstream([ToolCalls([ToolCall("bash", {"command": "mv a.txt b.txt"})])], tokenizer=engine_tok)
     with run_upstream(upstream) as url:

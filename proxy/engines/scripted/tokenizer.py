@@ -34,7 +34,7 @@ import jinja2.nodes
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from .._gguf import tokenizer_files_from_gguf
+from ..._gguf import tokenizer_files_from_gguf
 
 __all__ = [
     "ChatTokenizer",

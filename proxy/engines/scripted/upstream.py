@@ -4,13 +4,13 @@ A real inference server needs a GPU, which tests (ours and our users') do not ha
 speaks the same HTTP API as vLLM's OpenAI server, including its token-id protocol
 (`return_token_ids`, `logprobs`, `/tokenize`, token-id prompts on `/v1/completions`), tokenizes with
 a real tokenizer (SmolLM2-135M-Instruct's, rebuilt offline from a GGUF: see
-`proxy.testing.tokenizer`) and answers from a script (`proxy.testing.script`) instead of sampling.
+`proxy.engines.scripted.tokenizer`) and answers from a script (`proxy.engines.scripted.script`) instead of sampling.
 Prompt ids are exactly `encode(apply_chat_template(messages, tools))`, as vLLM computes them;
 completion ids are `encode(answer) + [eos]`, and tool calls are tokenized as a fixed textual
 rendering (a real vLLM would sample whatever the model's template writes and parse it back).
 
 It records every request (body and headers) for assertions and can be made slow or down. Run it
-in-process with `run_upstream(...)`, or as `python -m proxy.testing.upstream --port P --script F`
+in-process with `run_upstream(...)`, or as `python -m proxy.engines.scripted.upstream --port P --script F`
 (then drive it through the `/_scripted/*` admin routes).
 """
 
@@ -364,7 +364,7 @@ class ScriptedUpstream:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m proxy.testing.upstream", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m proxy.engines.scripted.upstream", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--script", help="JSON (or YAML) file with the steps to answer")

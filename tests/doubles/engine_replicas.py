@@ -3,7 +3,7 @@ replicas: what a deployment of N engine servers looks like.
 
 Each runs in its own process so that one can be killed (`kill`: SIGKILL, its connections reset mid-answer, as when
 an engine crashes or its node goes) and so that the doubles do not share the test's interpreter. One process
-(`python -m proxy.testing.replicas`) imports and loads the tokenizer once, then forks one child per replica: a
+(`python -m tests.doubles.engine_replicas`) imports and loads the tokenizer once, then forks one child per replica: a
 process per double paid its ~7 s of imports each on a loaded 2-core machine. Each simulates an engine's cost with
 `slow` (seconds a request spends in the engine) and `capacity` (requests it handles at once, the others queue):
 see `ScriptedUpstream.set_capacity`.
@@ -23,8 +23,11 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 __all__ = ["EngineReplicas"]
+
+_ROOT = Path(__file__).resolve().parents[2]   # `python -m tests.doubles.engine_replicas` runs from the checkout
 
 
 def _free_port() -> int:
@@ -57,7 +60,7 @@ class EngineReplicas:
 
     def start(self) -> list[str]:
         self.ports = [_free_port() for _ in range(self.n)]
-        cmd = [sys.executable, "-m", "proxy.testing.replicas", "--ports", ",".join(map(str, self.ports)),
+        cmd = [sys.executable, "-m", "tests.doubles.engine_replicas", "--ports", ",".join(map(str, self.ports)),
                "--owned-by", ",".join(self.owners), "--slow", str(self.slow), "--chunk-tokens", str(self.chunk_tokens)]
         if self.capacity:
             cmd += ["--capacity", str(self.capacity)]
@@ -65,7 +68,7 @@ class EngineReplicas:
             cmd += ["--model", self.model]
         self._log = tempfile.TemporaryFile()
         self._parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=_ROOT)
         line = self._parent.stdout.readline()  # the children's pids, once forked
         if not line:
             self._parent.wait(10)
@@ -171,10 +174,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from .tokenizer import load_smollm2_tokenizer
-    from .upstream import DEFAULT_MODEL, ScriptedUpstream
+    from proxy.engines.scripted.tokenizer import load_smollm2_tokenizer
+    from proxy.engines.scripted.upstream import DEFAULT_MODEL, ScriptedUpstream
 
-    ap = argparse.ArgumentParser(prog="python -m proxy.testing.replicas", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tests.doubles.engine_replicas", description=main.__doc__)
     ap.add_argument("--ports", required=True, help="comma-separated: one replica per port")
     ap.add_argument("--owned-by", default="vllm", help="comma-separated, one per port, or one for all")
     ap.add_argument("--slow", type=float, default=0.0)
