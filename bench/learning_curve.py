@@ -16,6 +16,8 @@ Prints a table per seed and pooled, the targets, then as its LAST line one JSON 
   final_minus_sft, final_minus_sft_extended, final_minus_base (+ _ci95, paired)
   heldout_tasks, minutes (per seed: wall time of the whole loop, vLLM start included), grpo_minutes
   importance_ratio_mean (trainer / engine probability of the sampled tokens, first mini-batch of each update),
+  sft_curve and sft_epochs (staged SFT, ``-- --sft-stage-epochs N``: validation success after each stage, and the
+  epochs of the stage chosen as the SFT version),
   switch_s_p50, rubrics (SFT -> final: every rubric's two values, difference and paired interval)
 Targets (issue 36): pooled final - SFT >= 0.15 with the interval's lower end above 0; pooled final - SFT extended
 > 0; pooled final - base >= 0.5; minutes <= 30 per seed; importance ratio in [0.99, 1.01]; a rubric other than
@@ -109,8 +111,11 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
 def seed_row(seed: int, doc: dict) -> dict:
     keys = [f"success_{r}" for r in ROLES] + [k for name in PAIRS for k in (name, f"{name}_ci95", f"{name}_p")]
     keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "switch_s_p50", "rounds",
-             "phases_s", "recipe", "notes"]
-    return {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
+             "phases_s", "recipe", "sft", "notes", "sft_curve"]
+    row = {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
+    chosen = next((c for c in doc.get("sft_curve") or [] if c["version"] == doc.get("roles", {}).get("sft")), None)
+    row["sft_epochs"] = chosen["epochs"] if chosen else (doc.get("sft") or {}).get("epochs")
+    return row
 
 
 def targets(pool: dict) -> dict:
@@ -145,7 +150,7 @@ def _fmt(v) -> str:
 def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
     cols = ["success_base", "success_sft", "success_final", "success_sft_extended", "final_minus_sft",
             "final_minus_sft_ci95", "final_minus_sft_extended", "final_minus_sft_extended_ci95", "final_minus_base",
-            "heldout_tasks", "minutes", "importance_ratio_mean"]
+            "heldout_tasks", "minutes", "importance_ratio_mean", "sft_epochs"]
     width = max(len(c) for c in cols) + 2
     print("".join(f"{h:<{width}}" for h in ["", *[f"seed {r['seed']}" for r in rows], "pooled"]))
     for c in cols:

@@ -38,7 +38,13 @@ def demo_command(
     teacher: Optional[str] = typer.Option(None, "--teacher", help="An OpenAI-compatible teacher model's URL for the "
                                           "demonstrations (default: the scripted engine replaying each task's "
                                           "reference solution)."),
-    sft_epochs: int = typer.Option(3, "--sft-epochs", help="Epochs of SFT over the teacher's demonstrations."),
+    sft_epochs: int = typer.Option(3, "--sft-epochs", help="Epochs of SFT over the teacher's demonstrations (with "
+                                   "--sft-stage-epochs: the most the stages may add up to)."),
+    sft_stage_epochs: int = typer.Option(0, "--sft-stage-epochs", help="SFT in stages of this many epochs, each "
+                                         "validated on train tasks the teacher did not demonstrate, until "
+                                         "validation success stops rising; the best stage is the SFT version "
+                                         "(0: all --sft-epochs in one go)."),
+    sft_val_tasks: int = typer.Option(32, "--sft-val-tasks", help="Validation tasks of the staged SFT."),
     grpo_lr: float = typer.Option(GrpoRecipe.lr, "--grpo-lr", help="Learning rate of the GRPO updates."),
     grpo_epochs: int = typer.Option(GrpoRecipe.epochs, "--grpo-epochs", help="Passes over each round's samples."),
     grpo_batch_size: int = typer.Option(GrpoRecipe.batch_size or 0, "--grpo-batch-size", help="Samples per GRPO optimizer step (0: a "
@@ -92,7 +98,8 @@ def demo_command(
                                     lora_rank=lora_rank)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
-                            teacher=teacher, sft_epochs=sft_epochs, recipe=recipe, control=control,
+                            teacher=teacher, sft_epochs=sft_epochs, sft_stage_epochs=sft_stage_epochs,
+                            sft_val_tasks=sft_val_tasks, recipe=recipe, control=control,
                             concurrency=concurrency, max_turns=max_turns, max_tokens=max_tokens, port=port,
                             store=store)
     except KeyboardInterrupt:
@@ -122,6 +129,8 @@ def _loop(console, **opts) -> dict:
 
     with open_store(cfg.store, settings=settings) as store:
         doc = summary_json(report, t0, store=store, recipe=cfg.recipe.as_dict())
+        doc["sft"] = {"epochs": cfg.sft_epochs, "stage_epochs": cfg.sft_stage_epochs, "lr": cfg.sft_lr,
+                      "val_tasks": cfg.sft_val_tasks if cfg.sft_stage_epochs else 0}
         if doc["rubrics_sft_to_final"]:
             from learner import Difference
 

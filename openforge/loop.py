@@ -14,7 +14,11 @@ Every phase goes through the platform's own parts, so the loop is also their int
    workspace hides) and shows no read-back, no error and no search: see ``examples/generated-tasks.md``;
 4. SFT: an SFT export of the teacher's rollouts (``learner.export``) trains the base (``learner.train``, assistant
    tokens only) for ``sft_epochs`` epochs into a new policy version, which the engine loads in place behind the
-   proxy's fence (``openforge.policy_switch``) and which is evaluated like the base;
+   proxy's fence (``openforge.policy_switch``) and which is evaluated like the base. With ``sft_stage_epochs`` the
+   epochs run in stages (one AdamW throughout, constant learning rate), each stage a version evaluated greedily on
+   validation tasks (train tasks the teacher did not demonstrate, never held-out ones); SFT stops at the first stage
+   whose validation success does not rise above the best so far, and the best stage is the SFT version: SFT "until
+   held-out success stops rising", measured without touching the held-out split;
 5. GRPO rounds (the recipe: ``openforge.loop_recipe``): groups of sampled rollouts on train tasks, a veRL export with
    GRPO advantages, PPO mini-batch updates with one AdamW kept from round to round, a fenced switch; a round whose
    groups all got equal rewards has no signal, trains nothing and says so; the last version is evaluated;
@@ -59,7 +63,9 @@ class LoopConfig:
     concurrency: int = 16
     max_turns: int = 5
     max_tokens: int = 96
-    sft_epochs: int = 3
+    sft_epochs: int = 3        # with sft_stage_epochs: the most epochs SFT may run
+    sft_stage_epochs: int = 0  # > 0: SFT in stages of this many epochs until validation success stops rising
+    sft_val_tasks: int = 32    # validation tasks of the staged SFT (train tasks the teacher did not demonstrate)
     sft_lr: float = 1e-4
     recipe: GrpoRecipe = field(default_factory=GrpoRecipe)
     control: bool = True       # evaluate sft_extended too
@@ -80,6 +86,13 @@ class LoopConfig:
         for name in ("train_tasks", "demo_tasks", "heldout_tasks", "concurrency", "max_turns", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if self.sft_stage_epochs < 0 or self.sft_stage_epochs > self.sft_epochs:
+            raise LoopError(f"--sft-stage-epochs {self.sft_stage_epochs}: pass 0 (one go) or 1 to --sft-epochs "
+                            f"({self.sft_epochs}), the most epochs the stages may add up to")
+        if self.sft_stage_epochs and not 1 <= self.sft_val_tasks <= self.train_tasks - self.demo_tasks:
+            raise LoopError(f"--sft-val-tasks {self.sft_val_tasks}: staged SFT validates on train tasks the teacher "
+                            f"did not demonstrate, of which there are {self.train_tasks - self.demo_tasks}; pass 1 to "
+                            f"{self.train_tasks - self.demo_tasks}, or raise --train-tasks")
         if self.demo_tasks > self.train_tasks:
             raise LoopError(f"--demo-tasks {self.demo_tasks} is more than --train-tasks {self.train_tasks}: the "
                             f"teacher demonstrates train tasks; pass --demo-tasks {self.train_tasks} or fewer")
@@ -105,6 +118,7 @@ class LoopReport:
     eval_runs: dict[str, str] = field(default_factory=dict)  # version -> its held-out evaluation run
     grpo_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    sft_curve: list[dict] = field(default_factory=list)  # staged SFT: epochs, version, validation success
 
     def row(self, version: str) -> VersionRow:
         return next(r for r in self.rows if r.version == version)
@@ -133,7 +147,8 @@ class LearningLoop:
             self._add(BASE_POLICY, None, "base")
             self._phase("eval base", self._evaluate, BASE_POLICY, heldout)
             teacher_run = self._phase("teacher demonstrations", self._demonstrate, demos)
-            sft, sft_shard = self._phase("sft", self._sft, teacher_run)
+            val = [t for t in train if t not in demos][:self.cfg.sft_val_tasks]
+            sft, sft_shard = self._phase("sft", self._sft, teacher_run, val)
             self._phase(f"eval {sft}", self._evaluate, sft, heldout)
             current, t0 = sft, time.monotonic()
             for r in range(1, self.cfg.recipe.rounds + 1):
@@ -200,18 +215,53 @@ class LearningLoop:
                             "(--teacher URL) or the task family")
         return summary.run_id
 
-    def _sft(self, teacher_run: str) -> tuple[str, Path]:
+    def _sft(self, teacher_run: str, val) -> tuple[str, Path]:
         from learner import ExportConfig, export
 
         shard = self.cfg.out / "shards" / f"sft-{teacher_run}"
         manifest = export(self.session.store, shard, ExportConfig(format="sft", where=f"run_id = '{teacher_run}'"))
-        version = f"smollm2-{self.cfg.tag}-sft"
         self.optimizer.mkdir(parents=True, exist_ok=True)
-        res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", lr=self.cfg.sft_lr,
-                                 epochs=self.cfg.sft_epochs, optimizer_state=self.optimizer / "sft.pt")
-        self._add(version, BASE_POLICY, "sft", samples=_rows(manifest))
-        self.report.switches.append(self.session.switch(res))
-        return version, shard
+        if not self.cfg.sft_stage_epochs:
+            version = f"smollm2-{self.cfg.tag}-sft"
+            res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", lr=self.cfg.sft_lr,
+                                     epochs=self.cfg.sft_epochs, optimizer_state=self.optimizer / "sft.pt")
+            self._add(version, BASE_POLICY, "sft", samples=_rows(manifest))
+            self.report.switches.append(self.session.switch(res))
+            return version, shard
+        return self._sft_stages(shard, _rows(manifest), val), shard
+
+    def _sft_stages(self, shard: Path, samples: int, val) -> str:
+        """SFT in stages until validation success stops rising; the best stage becomes the SFT version."""
+        cfg, state = self.cfg, self.optimizer / "sft.pt"
+        parent, done, best, results = BASE_POLICY, 0, None, {}
+        while done < cfg.sft_epochs:
+            epochs = min(cfg.sft_stage_epochs, cfg.sft_epochs - done)
+            done += epochs
+            version = f"smollm2-{cfg.tag}-sft-e{done}"
+            res = self.session.train(shard, version, parent=parent, algorithm="sft", lr=cfg.sft_lr, epochs=epochs,
+                                     optimizer_state=state)
+            shutil.copyfile(state, self.optimizer / f"{version}.pt")
+            row = self._add(version, parent, "sft stage", samples=samples)
+            self.report.switches.append(self.session.switch(res))
+            summary = self.session.rollouts(val, purpose="eval", group_size=1, temperature=0.0,
+                                            name=f"validate {version}")
+            row.validation, results[version] = _rate(summary), res
+            self.report.sft_curve.append({"epochs": done, "version": version, "validation": row.validation.value,
+                                          "run_id": summary.run_id})
+            self.console.print(f"SFT after {done} epochs: validation success {row.validation.text()} on "
+                               f"{len(val)} train tasks the teacher did not demonstrate")
+            now, top = row.validation.value or 0.0, best and (self.report.row(best).validation.value or 0.0)
+            if best is not None and now <= top:
+                self.console.print(f"validation success stopped rising ({now:.3f} after {done} epochs, {top:.3f} "
+                                   f"at best): SFT stops")
+                break
+            best, parent = version, version
+        self.report.row(best).made_by = "sft"
+        shutil.copyfile(self.optimizer / f"{best}.pt", state)   # the control continues from the chosen stage
+        if best != version:   # the last stage overshot: the engine serves the chosen one again
+            self.report.switches.append(self.session.switch(results[best]))
+        self.console.print(f"SFT version: {best} (best validation success along the stages)")
+        return best
 
     def _grpo_round(self, r: int, current: str, train) -> str:
         from learner import ExportConfig, TrainError, export

@@ -67,7 +67,7 @@ def summary_json(report, started: float, store=None, recipe: dict | None = None,
         "phases_s": {k: round(v, 1) for k, v in report.phases.items()},
         "versions": [r.as_dict() for r in report.rows], "roles": roles(report), "eval_runs": report.eval_runs,
         "per_task": {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()},
-        "recipe": recipe, "notes": report.notes,
+        "recipe": recipe, "notes": report.notes, "sft_curve": report.sft_curve,
     })
     return doc
 

@@ -52,13 +52,15 @@ class VersionRow:
     made_by: str  # "base", "sft", "grpo round 1", ...
     heldout: Rate = field(default_factory=Rate)
     train: Rate = field(default_factory=Rate)
+    validation: Rate = field(default_factory=Rate)  # staged SFT: greedy success on validation tasks
     calls: int = 0  # model calls recorded under this version (its rollouts, all purposes)
     samples: int | None = None  # training samples in the shard this version was trained on
     seconds: dict = field(default_factory=dict)  # phase -> seconds spent making / measuring this version
 
     def as_dict(self) -> dict:
         return {"version": self.version, "parent": self.parent, "made_by": self.made_by,
-                "heldout": self.heldout.as_dict(), "train": self.train.as_dict(), "calls": self.calls,
+                "heldout": self.heldout.as_dict(), "train": self.train.as_dict(),
+                "validation": self.validation.as_dict(), "calls": self.calls,
                 "samples": self.samples, "seconds": self.seconds}
 
 
@@ -80,11 +82,15 @@ def print_scoreboard(console, rows: list[VersionRow], phases: dict[str, float]) 
 
     table = Table(title="Policy versions along the chain (success = full reward; 95% Wilson intervals)",
                   title_justify="left")
-    for col, just in (("version", "left"), ("made by", "left"), ("parent", "left"), ("held-out success", "right"),
-                      ("train success", "right"), ("calls", "right"), ("samples", "right")):
+    staged = any(r.validation.n for r in rows)
+    cols = [("version", "left"), ("made by", "left"), ("parent", "left"), ("held-out success", "right"),
+            ("train success", "right")] + ([("validation", "right")] if staged else []) + [("calls", "right"),
+                                                                                         ("samples", "right")]
+    for col, just in cols:
         table.add_column(col, justify=just, overflow="fold")
     for r in rows:
-        table.add_row(r.version, r.made_by, r.parent or "-", r.heldout.text(), r.train.text(), f"{r.calls:,}",
+        table.add_row(r.version, r.made_by, r.parent or "-", r.heldout.text(), r.train.text(),
+                      *([r.validation.text()] if staged else []), f"{r.calls:,}",
                       "-" if r.samples is None else f"{r.samples:,}")
     console.print(table)
     times = Table(title="Time per phase", title_justify="left")

@@ -1,6 +1,6 @@
 """The learning loop's mechanics end to end, small: `openforge demo` on two generated families (4 train tasks, 2
-demonstrated, 2 held out), one SFT epoch, one GRPO round of two groups, the control (SFT given GRPO's minutes),
-with its own vLLM on the CPU, then what the store holds of it and the paired comparisons it prints.
+demonstrated, 2 held out), SFT in stages of one epoch (at most two) validated on the 2 undemonstrated train tasks,
+one GRPO round of two groups, the control (SFT given GRPO's minutes), with its own vLLM on the CPU, then what the store holds of it and the paired comparisons it prints.
 
 The figures (does the policy improve, by how much) are `bench/learning_curve.py`'s; this checks the plumbing: the
 purposes of the runs, what each shard may hold, the lineage chain, the policy version every call was recorded under,
@@ -36,7 +36,8 @@ def loop(tmp_path_factory):
     home = tmp_path_factory.mktemp("loop-home")
     p = _openforge(home, "demo", "--families", "files,plan", "--train-tasks", "4", "--demo-tasks", "2",
                    "--heldout-tasks", "2", "--rounds", "1", "--tasks-per-round", "2", "--group-size", "4",
-                   "--temperature", "1.2", "--sft-epochs", "1", "--concurrency", "4", "--port", "0")
+                   "--temperature", "1.2", "--sft-epochs", "2", "--sft-stage-epochs", "1", "--sft-val-tasks", "2",
+                   "--concurrency", "4", "--port", "0")
     assert p.returncode == 0, p.stderr[-6000:]
     return home, json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
@@ -45,11 +46,17 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
     home, doc, err = loop
     versions = {v["made_by"]: v for v in doc["versions"]}
     base, sft = versions["base"], versions["sft"]
-    assert sft["parent"] == base["version"] and sft["samples"] == 2, doc
+    # staged SFT: one epoch per stage, validated on the 2 undemonstrated train tasks; the best stage is the SFT
+    curve = doc["sft_curve"]
+    assert [c["epochs"] for c in curve] in ([1], [1, 2]) and sft["version"] in {c["version"] for c in curve}, doc
+    assert all(c["validation"] is not None for c in curve) and sft["samples"] == 2, doc
+    stages = {v["version"]: v for v in doc["versions"] if v["made_by"] in ("sft", "sft stage")}
+    assert stages[curve[0]["version"]]["parent"] == base["version"] and len(stages) == len(curve), doc
     assert doc["heldout_tasks"] == 2 and doc["recipe"]["group_size"] == 4 and doc["recipe"]["keep_optimizer"], doc
     assert doc["switch_s_p50"] is not None and doc["switch_s_p50"] < 15, doc
     chain = json.loads(_openforge(home, "lineage", doc["final_version"], "--json").stdout)
-    assert [c["policy_version"] for c in chain][:2] == [base["version"], sft["version"]]
+    names = [c["policy_version"] for c in chain]
+    assert names[0] == base["version"] and names[1] == curve[0]["version"] and sft["version"] in names, names
     grpo = versions.get("grpo round 1")
     if grpo is None:  # every group got equal rewards: the round trained nothing, and says why
         assert any("round 1: no update" in n for n in doc["notes"]), doc
