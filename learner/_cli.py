@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ._formats import EXPORTERS
 from ._report import print_table
 
 export_app = typer.Typer(help="Export training shards (veRL, TRL, SFT) and verify exports.",
@@ -43,7 +44,7 @@ def _open(store: str | None, *, read_only: bool = False):
 @export_app.callback()
 def export_command(
     ctx: typer.Context,
-    format: str = typer.Option("verl", "--format", help="verl | trl | sft"),
+    format: str = typer.Option("verl", "--format", help=" | ".join(EXPORTERS)),
     where: Optional[str] = typer.Option(None, "--where", help="Rollout filter, e.g. \"attempt = 1\" (see "
                                         "learner/_query.py). In veRL / TRL exports it may not split a GRPO group."),
     group_where: Optional[str] = typer.Option(None, "--group-where", help="Group filter: keep a group whole when any "

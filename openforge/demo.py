@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rollout import harness_names
 
 from .loop import FAMILIES
 from .loop_recipe import GrpoRecipe
@@ -20,7 +21,8 @@ from .progress import sigterm_interrupts
 def demo_command(
     upstream: Optional[str] = typer.Option(None, "--upstream", help="One recorded round against this vLLM / SGLang "
                                            "server (your GPU) instead of the learning loop on the CPU."),
-    harness: str = typer.Option("react", "--harness", help="react, mini-swe-agent, codex, claude-code (one round)."),
+    harness: str = typer.Option("react", "--harness", help=f"One of {', '.join(harness_names())} (one round; the "
+                                "learning loop uses react)."),
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="One recorded round on your task folder(s)."),
     policy: Optional[str] = typer.Option(None, "--policy", help="One recorded round serving this policy version's "
                                          "checkpoint (registered by `openforge train`)."),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rollout import backend_names, harness_names
 
 from .progress import RunProgress, sigterm_interrupts
 
@@ -18,8 +19,8 @@ RUN_KEYS = {"tasks", "harness", "group_size", "groups_per_task", "concurrency", 
 
 def run_command(
     tasks: Optional[Path] = typer.Argument(None, help="A task folder or a folder of task folders."),
-    harness: Optional[str] = typer.Option(None, "--harness", help="Harness adapter: react, mini-swe-agent, codex, "
-                                          "claude-code, oracle (runs the task's solution)."),
+    harness: Optional[str] = typer.Option(None, "--harness", help="Harness adapter: "
+                                          f"{', '.join(harness_names())} (oracle runs the task's solution)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="Rollouts per GRPO group (default 4)."),
     groups_per_task: Optional[int] = typer.Option(None, "--groups-per-task", help="Groups per task (default 1)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Rollouts running at once (default 4)."),
@@ -31,7 +32,8 @@ def run_command(
     store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name the harness asks for (default: the "
                                         "upstream's first model)."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend: local (bubblewrap) or kubernetes."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Sandbox backend: "
+                                         f"{', '.join(backend_names())} (local: bubblewrap)."),
     max_infra_retries: Optional[int] = typer.Option(None, "--max-infra-retries", help="Retries of infra errors (default 2)."),
     max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", help="Start no rollout while the proxy has "
                                                 "this many calls in flight."),

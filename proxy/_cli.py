@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from ._protocols.openai_chat import DIALECTS
+
 
 def proxy_command(
     upstream: List[str] = typer.Option(..., "--upstream", help="Inference server base URL (vLLM, SGLang, any "
@@ -19,8 +21,8 @@ def proxy_command(
     store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8100, "--port", help="Port to listen on."),
-    dialect: str = typer.Option("vllm", "--dialect", help="Upstream token-id dialect: vllm, sglang, or openai "
-                                "(a hosted API: text only, calls marked not token-exact)."),
+    dialect: str = typer.Option("vllm", "--dialect", help=f"Upstream token-id dialect: {', '.join(DIALECTS)} "
+                                "(openai: a hosted API, text only, calls marked not token-exact)."),
     journal: str = typer.Option("proxy", "--journal", help="Journal name; one per proxy process."),
     policy_version: Optional[str] = typer.Option(None, "--policy-version", help="Policy version current at start."),
     upstream_api_key_file: Optional[Path] = typer.Option(
