@@ -117,6 +117,19 @@ def test_function_tool_call_round_trip(px, stream):
     assert c2.prompt_token_ids[:len(c1.prompt_token_ids)] == c1.prompt_token_ids
 
 
+def test_strict_and_unknown_tool_keys_are_not_lost(px):
+    """pydantic-ai sends ``"strict": true``: it reaches the upstream's chat tool and the stored tools; a key the
+    translation does not know is named in the call's metadata."""
+    strict = {**SHELL, "strict": True, "x-vendor": 1}
+    px.up.double.script.extend([Text("ok")])
+    px.client(px.register("r1")).responses.create(model="m", input="go", tools=[strict])
+    (tool,) = px.up.double.requests[-1].json["tools"]
+    assert tool["function"]["strict"] is True and tool["function"]["parameters"] == SHELL["parameters"]
+    (call,) = px.calls("r1")
+    assert call.tools[0]["function"]["strict"] is True, call.tools
+    assert call.metadata["tool_keys_not_forwarded"] == ["shell.x-vendor"]
+
+
 def test_namespace_custom_and_hosted_tools(px):
     tools = [{"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
                  {"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}}]},

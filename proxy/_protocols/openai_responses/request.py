@@ -124,6 +124,12 @@ def input_messages(items: list, tools: ToolMap, notes: dict) -> list[dict]:
     return msgs
 
 
+# What a Responses tool of each kind may hold, all of it carried into the chat tool (``format`` becomes the input's
+# description); any other key is listed in the call's metadata as ``tool_keys_not_forwarded``.
+_TOOL_KEYS = {"function": {"type", "name", "description", "parameters", "strict"},
+              "custom": {"type", "name", "description", "format"}}
+
+
 def chat_tools(tools: list, notes: dict) -> tuple[list[dict], ToolMap]:
     out, tmap, skipped = [], ToolMap(), []
 
@@ -137,8 +143,13 @@ def chat_tools(tools: list, notes: dict) -> tuple[list[dict], ToolMap]:
         fn = {"name": tmap.chat_name(name, namespace)}
         if t.get("description"):
             fn["description"] = t["description"]
+        dropped = sorted(set(t) - _TOOL_KEYS[kind])
+        if dropped:   # keys this translation does not know: said in the call's metadata, never silently lost
+            notes.setdefault("tool_keys_not_forwarded", []).extend(f"{fn['name']}.{k}" for k in dropped)
         if kind == "function":
             fn["parameters"] = t.get("parameters") or {"type": "object", "properties": {}}
+            if t.get("strict") is not None:   # chat tools take it as they are: structured outputs for the arguments
+                fn["strict"] = t["strict"]
         else:
             fmt = t.get("format") or {}
             hint = f"Free-form input ({fmt.get('syntax', 'text')}): {fmt['definition']}" if fmt.get(
