@@ -27,6 +27,7 @@ from ._auth import TokenSigner, load_or_create_secret
 from ._budgets import Limits
 from ._fleet import Fleet
 from ._metrics import Metrics
+from ._models import ServedModels
 from ._operator_api import create_app
 from ._protocols.openai_chat import DIALECTS
 from ._protocols.openai_responses import Responses
@@ -81,6 +82,7 @@ def build_proxy(upstream_url: str | Sequence[str], *, settings: Settings, store_
                                pause_max_s=ps.pause_max_s, ledger=ledger, on_close=upstream.forget,
                                **(REPLICA_SYNC if replica_id is not None else {}))
     rollouts.policy_version = policy_version
+    rollouts.models = ServedModels(store, pin=ps.pin_model, keep=ps.model_map)
     rollouts.default_limits = Limits(ps.rollout_max_calls, ps.rollout_max_tokens, ps.rollout_max_wall_s)
     if replica_id is not None:
         for protocol in served.served:

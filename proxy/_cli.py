@@ -25,6 +25,10 @@ def proxy_command(
                                 "(openai: a hosted API, text only, calls marked not token-exact)."),
     journal: str = typer.Option("proxy", "--journal", help="Journal name; one per proxy process."),
     policy_version: Optional[str] = typer.Option(None, "--policy-version", help="Policy version current at start."),
+    model_map: List[str] = typer.Option([], "--model-map", help="NAME=VERSION (repeatable): a requested model name "
+                                        "kept and served by that policy version's model, its calls recorded under "
+                                        "it. Any other name is served by the active version's model "
+                                        "(OPENFORGE_PROXY_PIN_MODEL=false: forwarded as asked)."),
     upstream_api_key_file: Optional[Path] = typer.Option(
         None, "--upstream-api-key-file", help="File holding the API key the proxy presents to the upstream "
         "(default: OPENFORGE_UPSTREAM_API_KEY). Never pass the key itself on the command line: every user can read "
@@ -66,6 +70,8 @@ def proxy_command(
         err.print(f"[bold red]error:[/] --workers {workers}: the proxy needs at least one process; pass --workers 1 "
                   "or more")
         raise typer.Exit(2)
+    if model_map:   # through the environment, so that every --workers process reads the same settings
+        os.environ["OPENFORGE_PROXY_MODEL_MAP"] = _model_map(model_map, err)
     settings, proxy_settings = get_settings(), ProxySettings()
     api_key = _api_key(upstream_api_key_file, proxy_settings, err)
     os.umask(0o077)  # what the proxy writes holds prompts: SQLite store, journal, blobs, dead letters, ledger
@@ -180,3 +186,19 @@ def _serve(app, listeners: list, max_body: int) -> None:
         await front.serve(listeners)
 
     uvloop.run(serve())
+
+
+def _model_map(pairs: list[str], err) -> str:
+    import json
+
+    out = json.loads(os.environ.get("OPENFORGE_PROXY_MODEL_MAP") or "{}")
+    for pair in pairs:
+        name, sep, version = pair.partition("=")
+        if not (sep and name.strip() and version.strip()):
+            err.print(f"[bold red]error:[/] --model-map {pair!r}: write NAME=VERSION, the model name a harness asks "
+                      "for and the policy version that serves it, e.g. --model-map teacher-big=teacher-v1",
+                      highlight=False)
+            raise typer.Exit(2)
+        out[name.strip()] = version.strip()
+    return json.dumps(out)
+

@@ -89,6 +89,7 @@ def policy_routes(router: APIRouter, service: ProxyService, fleet: Fleet, to_thr
     async def policy_version(request: Request, body: PolicyIn):
         fields = body.model_dump(exclude={"id", "activate"})
         await to_thread(store.register_policy_version, body.id, **fields)
+        rollouts.models.learn(body.id, body.model_name)
         previous = rollouts.policy_version
         if body.activate:
             async with fleet.change(request):

@@ -30,6 +30,7 @@ from forge_store import NotFound, Store, StoreError, StoreUnavailable
 from ._auth import TokenSigner
 from ._budgets import Budget, Limits
 from ._errors import ProxyError, unauthorized
+from ._models import ServedModels
 from ._rollout_ledger import RolloutLedger
 from ._store_wait import until_found
 
@@ -77,6 +78,7 @@ class RolloutRegistry:
         self._ended: set[str] = set(ledger.ended) if ledger is not None else set()
         self._unbound = Binding(None)
         self.policy_version: str | None = None
+        self.models = ServedModels()  # which model answers a call, recorded under which version (proxy._models)
         self.default_limits = Limits()  # a rollout's budget where its registration gives none (settings)
         self._running = asyncio.Event()
         self._running.set()

@@ -114,11 +114,11 @@ class ProxyService:
             # images go to the blob store off the loop, and an undecodable one is the client's 400: before upstream
             await asyncio.to_thread(self._prepare, draft)
         if binding.budget is not None and (over := binding.budget.admit(binding.rollout_id)) is not None:
-            call.version = self.rollouts.policy_version
+            self._pin(call, self.rollouts.policy_version)
             self._start(call)
             await self._record_error(call, over, BUDGET_EXCEEDED)  # refused, never sent upstream
             raise over
-        call.version = await self.rollouts.enter()
+        self._pin(call, await self.rollouts.enter())
         try:
             reply = await Failover(self.upstream, binding.rollout_id).run(
                 lambda replica, retry: self._attempt(call, replica, retry))
@@ -164,6 +164,14 @@ class ProxyService:
             return await self._unary(call, pending)
         return await self._stream(call, pending)
 
+    def _pin(self, call: _Call, active: str | None) -> None:
+        """The version the call is recorded under and the model that answers it: the active version's model,
+        whatever name the request asked for, unless that name is one the operator keeps (``proxy._models``)."""
+        asked = call.tr.upstream.get("model")
+        call.version, served = self.rollouts.models.choose(asked, active)
+        if served != asked:   # recorded: the model that answered, and (metadata) the one asked for
+            call.tr.upstream["model"], call.tr.notes["model_requested"] = served, asked
+
     @staticmethod
     def _routed(rec: CallRecord, url: str, retry: tuple[str, str] | None) -> None:
         """With several replicas, a call records which one answered it (``upstream``). A failover: a connection
@@ -180,7 +188,7 @@ class ProxyService:
         draft, tr = call.draft, call.tr
         self._prepare(draft)
         hits = set(draft.marks)  # redaction rules that fired on the prompt's messages and tools, and below
-        params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(call.body.get("model"), hits)
+        params, model = self.redactor.apply(tr.params, hits), self.redactor.apply(tr.upstream.get("model"), hits)
         notes = self.redactor.apply(tr.notes, hits) if tr.notes else None
         metadata = self._metadata(hits)
         if notes or self.replica:

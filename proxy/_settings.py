@@ -68,6 +68,14 @@ class ProxySettings(BaseSettings):
         description="API key the proxy presents upstream (OPENFORGE_UPSTREAM_API_KEY, or by its older name "
         "OPENFORGE_PROXY_UPSTREAM_API_KEY; or a file: `openforge proxy --upstream-api-key-file`). Never on the command "
         "line, which every user can read.")
+    pin_model: bool = Field(
+        default=True, description="Every call is served by the model of the policy version it is recorded under, "
+        "whatever model name the harness asked for (the asked name is recorded as metadata.model_requested); off: "
+        "the asked name goes upstream as it came (proxy._models).")
+    model_map: dict[str, str] = Field(
+        default_factory=dict, description="Requested model names to keep, each mapped to the policy version that "
+        "serves it (a teacher beside the policy): such a call is served by that version's model and recorded under "
+        "it (OPENFORGE_PROXY_MODEL_MAP as JSON; `openforge proxy --model-map NAME=VERSION`).")
     allow_unbound: bool = Field(
         default=False, description="Accept calls without a rollout token (recorded with no rollout)."
     )
