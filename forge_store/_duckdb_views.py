@@ -43,6 +43,7 @@ from ._errors import SchemaMismatch, StoreError, StoreURLError
 from ._objstore import ObjectNotFound, is_url, open_location
 from ._rewards import DUCKDB_VIEWS as REWARD_VIEWS
 from ._settings import Settings, get_settings
+from ._tombstones import NOT_COPIED
 
 ANALYSIS_VIEWS = ("rollouts", "calls", "tool_calls", "rewards", "samples", "exclusions", "exports", "tasks",
                   "harnesses", "policy_versions")
@@ -90,7 +91,8 @@ def _quote(value: str) -> str:
 def _snapshot_views(con: duckdb.DuckDBPyConnection, source: str, manifest: dict, file_of) -> str:
     """One ``src`` view per table of a snapshot's ``manifest``; ``file_of(name)`` is where DuckDB reads a file."""
     files = {t: file_of(info["file"]) for t, info in manifest["tables"].items()}
-    missing = [t.name for t in schema.Base.metadata.sorted_tables if t.name != "ingest_counter" and t.name not in files]
+    missing = [t.name for t in schema.Base.metadata.sorted_tables
+               if t.name not in ("ingest_counter", *NOT_COPIED) and t.name not in files]
     if missing:
         raise SchemaMismatch(f"snapshot {source} lacks tables {missing}: it was written by an older OpenForge; "
                              "write a new one with `openforge store snapshot`")
@@ -191,7 +193,7 @@ def connect(source: str, settings: Settings | None = None) -> duckdb.DuckDBPyCon
     try:
         con.execute("CREATE SCHEMA store")
         for table in schema.Base.metadata.sorted_tables:
-            if table.name == "ingest_counter":
+            if table.name in ("ingest_counter", *NOT_COPIED):   # the store's bookkeeping, not data
                 continue
             cols = ", ".join(_column_sql(c) for c in table.columns)
             con.execute(f'CREATE VIEW store."{table.name}" AS SELECT {cols} FROM {ref.format(table=table.name)}')
