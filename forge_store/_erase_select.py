@@ -113,7 +113,7 @@ def _pattern_rollouts(conn: sa.Connection, pattern: str) -> tuple[set[str], set[
     hits = {(r.id, r.rollout_id) for r in conn.execute(sa.select(C.c.id, C.c.rollout_id).where(direct))}
     if msgs or tools:
         q = sa.select(C.c.id, C.c.rollout_id, C.c.prompt_tail, C.c.response_message_hash, C.c.tool_schema_hash)
-        for r in conn.execution_options(yield_per=2000).execute(q):
+        for r in conn.execute(q.execution_options(yield_per=2000)):
             if (r.response_message_hash in msgs or r.tool_schema_hash in tools
                     or any(h in msgs for h in r.prompt_tail or ())):
                 hits.add((r.id, r.rollout_id))
@@ -219,7 +219,7 @@ def drop_kept(conn: sa.Connection, msgs: set, tools: set, blobs: set, calls: set
     ``msgs`` still references (content-addressed rows are shared: only what nothing kept uses may go)."""
     if msgs or tools or blobs:
         q = sa.select(C.c.id, C.c.prompt_tail, C.c.response_message_hash, C.c.tool_schema_hash, C.c.image_hashes)
-        for r in conn.execution_options(yield_per=2000).execute(q):
+        for r in conn.execute(q.execution_options(yield_per=2000)):
             if r.id in calls:
                 continue
             msgs.difference_update(r.prompt_tail or ())
