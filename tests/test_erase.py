@@ -25,8 +25,13 @@ from forge_store._snapshot import snapshot
 from forge_store._write.op_codec import pack_op
 from learner import ExportConfig, export, verify
 from tests.conftest import T0, make_call
+from tests.test_erase_proxy import _grep as _grep_for
 
 SECRET = "QX7-ACME-cust-99Z4471"   # a customer reference: no redaction rule knows it
+
+
+def _grep(*roots: Path) -> list[str]:
+    return _grep_for(*roots, secret=SECRET)
 
 
 def build(store_url: str, home: Path, *, journal: bool = True) -> Settings:
@@ -56,15 +61,6 @@ def build(store_url: str, home: Path, *, journal: bool = True) -> Settings:
     (dead / "1-call.msgpack").write_bytes(pack_op({"k": "call", "r": {"id": "r-secret-9", "rollout_id": "r-secret"},
                                                    "msgs": {"x" * 64: ["tool", SECRET]}}))
     return settings
-
-
-def _grep(*roots: Path) -> list[str]:
-    hits = []
-    for root in roots:
-        for p in [root] if root.is_file() else root.rglob("*"):
-            if p.is_file() and SECRET.encode() in p.read_bytes():
-                hits.append(str(p))
-    return hits
 
 
 def test_pattern_erasure_removes_every_copy_and_leaves_the_rest(store_url, tmp_path):
