@@ -225,19 +225,19 @@ def clean_snapshot(url: str, keys: Keys, tombstone_id: str, settings) -> dict | 
         manifest = json.loads(loc.get_bytes("manifest.json"))
     except ObjectNotFound:
         return None
-    removed = 0
+    removed, changed = 0, False
     with tempfile.TemporaryDirectory(prefix="openforge-erase-") as tmp:
         for table, info in manifest["tables"].items():
             if not _row_filter(table, keys):
                 continue
             got = _filter_file(loc, info["file"], table, keys, Path(tmp))
-            if got is not None:
+            if got is not None and got != (info["rows"], info["sha256"]):   # rewritten now, or by a killed run
                 removed += info["rows"] - got[0]
                 info["rows"], info["sha256"] = got
-    erasures = manifest.setdefault("erasures", [])
-    if tombstone_id not in erasures:
-        erasures.append(tombstone_id)
-    loc.put_bytes("manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
+                changed = True
+    if changed:   # a snapshot that held none of it is left as it was
+        manifest.setdefault("erasures", []).append(tombstone_id)
+        loc.put_bytes("manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n")
     return {"rows": removed}
 
 
@@ -252,19 +252,20 @@ def clean_lake(url: str, keys: Keys, tombstone_id: str, settings) -> dict | None
     removed = partitions = 0
     with tempfile.TemporaryDirectory(prefix="openforge-erase-") as tmp:
         for m in manifests:
+            changed = False
             for table, info in m["tables"].items():
                 if not _row_filter(table, keys) or not info["rows"]:
                     continue
                 got = _filter_file(loc, info["path"], table, keys, Path(tmp))
-                if got is not None and (got[0] != info["rows"] or got[1] != info["sha256"]):
+                if got is not None and got != (info["rows"], info["sha256"]):
                     removed += info["rows"] - got[0]
                     partitions += 1
                     info["rows"], info["sha256"] = got
-            erasures = m.setdefault("erasures", [])
-            if tombstone_id not in erasures:
-                erasures.append(tombstone_id)
-            loc.put_bytes(f"{MANIFESTS}/{wm_key(m['to_watermark'])}.json",
-                          json.dumps(m, indent=2, sort_keys=True).encode() + b"\n")
+                    changed = True
+            if changed:
+                m.setdefault("erasures", []).append(tombstone_id)
+                loc.put_bytes(f"{MANIFESTS}/{wm_key(m['to_watermark'])}.json",
+                              json.dumps(m, indent=2, sort_keys=True).encode() + b"\n")
     return {"rows": removed, "partitions": partitions}
 
 

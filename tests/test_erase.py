@@ -235,3 +235,35 @@ def test_erase_and_retain_commands_dry_run_first(tmp_path, monkeypatch):
     assert t.actor == "retention" and t.reason == "retention: older than 90d, keeping evaluation"
     st.close()
     assert os.path.exists(tmp_path / "home")
+
+
+def test_a_blanked_journal_record_replays_as_nothing(tmp_path):
+    """A record an erasure blanked in place, still pending in its journal, is skipped by the writer; the records
+    around it are applied."""
+    from forge_store._erase_copies import _same_length
+    from forge_store._write.journal import Journal
+
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    settings = Settings(home=tmp_path / "home")
+    open_store(url, settings=settings).close()
+    op = {"k": "task", "r": {"id": "t9", "source": None, "domain": None, "instruction_hash": None,
+                             "verifier_hash": None, "environment_ref": None, "metadata": None, "created_at": T0}}
+    with Journal(tmp_path / "home" / "journal" / "w") as j:
+        j.append(_same_length(None, 300))
+        j.append(pack_op(op))
+    st = open_store(url, journal=True, name="w", settings=settings)
+    assert st.flush(30)
+    assert [t["id"] for t in st.lineage("tasks")] == ["t9"]
+    st.close()
+
+
+def test_retention_keeps_what_an_export_took_as_data(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    settings = build(url, tmp_path / "home")
+    st = open_store(url, settings=settings)
+    m = export(st, tmp_path / "sft", ExportConfig(format="sft", where="outcome = 'success'"))
+    assert m["exclusions"] == {"filtered": 1}   # r-b failed: an exclusion row, not data
+    r = erase(st, Selection(until=T0 + timedelta(days=1), keep=("exported",)), reason="retention", apply=True)
+    assert r.counts["rollouts"] == 1
+    assert sorted(i.id for i in st.iter_rollouts()) == ["r-a", "r-kept", "r-secret"]
+    st.close()

@@ -61,7 +61,7 @@ def _grep_s3(url: str, settings) -> list[str]:
     return [k for k in loc.list() if _holds(k, loc.get_bytes(k))]
 
 
-def _through_the_proxy(up, tmp_path, store_url, copies: dict, **settings):
+def _through_the_proxy(up, tmp_path, store_url, copies: dict, full_at=None, **settings):
     px, serve = make_proxy(up, tmp_path, store_url=store_url, **settings)
     try:
         _record(px, secret=False)
@@ -70,14 +70,20 @@ def _through_the_proxy(up, tmp_path, store_url, copies: dict, **settings):
         _record(px, secret=True)
         call = px.calls("r-secret")[0]
         assert SECRET in str(call.messages) and not (call.metadata or {}).get("redacted")   # it slipped through
-        full = export(st, tmp_path / "shards-full", ExportConfig(format="sft"))
+        full = export_to(st, full_at or tmp_path / "shards-full", ExportConfig(format="sft"))
         snapshot(st.engine, copies["snapshot"], settings=st.settings)
         lake_snapshot(st.engine, copies["lake"], settings=st.settings)
-        assert _grep(tmp_path / "shards-full")   # the shard holds the text
+        if full_at is None:
+            assert _grep(tmp_path / "shards-full")   # the shard holds the text
+            shutil.copytree(tmp_path / "shards-full", tmp_path / "kept-aside")   # to verify after --shards
+        else:
+            loc, aside = open_location(full_at, st.settings), tmp_path / "kept-aside"
+            aside.mkdir()
+            for key in loc.list():   # a copy to verify after --shards deleted the export
+                loc.get_file(key, aside / key)
     finally:
         serve.stop()
         px.store.close()
-    shutil.copytree(tmp_path / "shards-full", tmp_path / "kept-aside")   # to verify after --shards deleted it
     return early, full
 
 
@@ -87,7 +93,6 @@ def _check_after(st, tmp_path, full) -> None:
     assert verify(tmp_path / "shards-early" / "manifest.json", st)["ok"]
     res = verify(tmp_path / "kept-aside" / "manifest.json", st)
     assert not res["ok"] and f"erasure {t.id}" in res["problems"][0]
-    assert not (tmp_path / "shards-full" / "manifest.json").exists()
     assert [i.id for i in st.iter_rollouts() if i.id == "r-x"] == ["r-x"]   # its group's other rollout stays
     again = export(st, tmp_path / "shards-again", ExportConfig(format="sft"))
     assert again["exclusions"].get("erased") == 1
@@ -111,6 +116,7 @@ def test_sqlite_local_blobs(up, tmp_path, monkeypatch):
                                  "--yes", "--shards", "--store", url])
     assert r.exit_code == 0, r.output
     assert f"export {full['export_id']}" in r.output and "deleted" in r.output
+    assert not (tmp_path / "shards-full" / "manifest.json").exists()
     assert _grep(*db, home, tmp_path / "snap", tmp_path / "lake", tmp_path / "shards-early") == []
     st = open_store(url)
     try:
@@ -123,15 +129,17 @@ def test_postgres_with_s3_blobs(up, tmp_path, pg_database, seaweedfs, s3_url):
     s3 = dict(s3_endpoint=seaweedfs.endpoint, s3_access_key_id=seaweedfs.access_key,
               s3_secret_access_key=seaweedfs.secret_key, s3_max_retries=1, s3_timeout_s=10.0)
     copies = {"snapshot": f"{s3_url}/snap", "lake": f"{s3_url}/lake"}
-    early, full = _through_the_proxy(up, tmp_path, pg_database, copies, blob_url=f"{s3_url}/blobs", **s3)
+    early, full = _through_the_proxy(up, tmp_path, pg_database, copies, full_at=f"{s3_url}/shards-full",
+                                     blob_url=f"{s3_url}/blobs", **s3)
     settings = seaweedfs.settings(home=tmp_path / "proxy-home", blob_url=f"{s3_url}/blobs")
     before = _grep_s3(s3_url, settings)
-    assert {k.split("/")[0] for k in before} == {"blobs", "snap", "lake"}, before   # every copy held it
+    assert {k.split("/")[0] for k in before} == {"blobs", "snap", "lake", "shards-full"}, before   # every copy
     st = open_store(pg_database, settings=settings)
     try:
         r = erase(st, Selection(pattern=SECRET), reason="customer data", apply=True, shards=True)
         assert r.counts["blobs"] == 1 and {c["kind"] for c in r.copies} == {"snapshot", "lake"}
         assert _grep_s3(s3_url, settings) == []
+        assert open_location(f"{s3_url}/shards-full", settings).list() == []   # --shards deleted the export
         assert _grep(tmp_path / "proxy-home", tmp_path / "shards-early") == []
         assert SECRET.encode() not in _pg_dump(pg_database)
         _check_after(st, tmp_path, full)
