@@ -109,7 +109,8 @@ def erase(store, selection: Selection, *, reason: str, actor: str | None = None,
         for i in range(0, len(items), 1000):
             insert_ignore(conn, ITEMS, items[i:i + 1000])
     _step(step, "record")
-    forms = pattern_forms(selection.pattern) if selection.pattern is not None else None   # never stored: it is the secret
+    # the pattern is never stored (it is the secret): a resumed run blanks journal records by the work list alone
+    forms = pattern_forms(selection.pattern) if selection.pattern is not None else None
     return finish(store, tid, shards=shards, extra_copies=extra_copies, step=step, resumed=resumed, forms=forms)
 
 
@@ -179,14 +180,20 @@ def finish(store, tid: str, *, shards: bool = False, extra_copies: tuple[str, ..
         got = copies.clean_journal(d, keys)
         for k, v in got.items():
             counts[k] = counts.get(k, 0) + v
+    with store.engine.begin() as conn:   # kept now: a resumed run finds these records already blanked
+        conn.execute(sa.update(TOMBSTONES).where(TOMBSTONES.c.id == tid).values(counts=counts))
     _step(step, "journals")
     _delete_rows(store.engine, tid, keys)
     _step(step, "database")
     with store.engine.connect() as conn:   # what the database step found still shared was taken off the list
         blobs = set(conn.execute(sa.select(ITEMS.c.key).where(ITEMS.c.tombstone_id == tid,
                                                                ITEMS.c.kind == "blob")).scalars())
+    location = getattr(store.blobs, "location", None)
+    if blobs and location is None:
+        raise copies.EraseError(f"the blob store {type(store.blobs).__name__} cannot delete blobs; erase needs an "
+                                "ObjectBlobStore (a folder or s3://, OPENFORGE_BLOB_URL), then a rerun finishes")
     for sha in sorted(blobs):
-        store.blobs.location.delete(f"{sha[:2]}/{sha[2:4]}/{sha}")
+        location.delete(f"{sha[:2]}/{sha[2:4]}/{sha}")
     _step(step, "blobs")
     done_copies = []
     for url, kind in _copy_urls(store, extra_copies):
@@ -200,11 +207,11 @@ def finish(store, tid: str, *, shards: bool = False, extra_copies: tuple[str, ..
         e["deleted"] = bool(shards and e["out_dir"]) and copies.delete_shards(e["out_dir"], s) > 0
     _step(step, "shards")
     counts["exports"] = len(exports)
+    _compact(store.engine)   # before "done": a run killed while compacting compacts again when resumed
     with store.engine.begin() as conn:
         conn.execute(sa.delete(ITEMS).where(ITEMS.c.tombstone_id == tid))
         conn.execute(sa.update(TOMBSTONES).where(TOMBSTONES.c.id == tid).values(
             state="done", finished_at=utcnow(), counts=counts))
-    _compact(store.engine)
     _step(step, "done")
     return ErasureReport(tid, True, counts, shards=exports, copies=done_copies, resumed=resumed or [])
 
@@ -235,8 +242,8 @@ def _delete_rows(engine: sa.Engine, tid: str, keys: copies.Keys) -> None:
 
 def _compact(engine: sa.Engine) -> None:
     """SQLite keeps deleted rows' bytes in free pages and its WAL: rewrite the file and empty the WAL, so the
-    erased content is gone from the disk, not only from the tables. (PostgreSQL's autovacuum reclaims dead rows; a
-    dump never holds them.)"""
+    erased content is gone from the disk, not only from the tables. (On PostgreSQL a dump never holds deleted rows;
+    their bytes stay in the table files until autovacuum reuses the space: run VACUUM FULL on the tables for that.)"""
     if engine.dialect.name != "sqlite":
         return
     with engine.connect() as conn:

@@ -78,7 +78,7 @@ def _print(r: ErasureReport, applied: bool, shards: bool) -> None:
     console.print(table)
     for c in r.copies:
         rows = c.get("rows")
-        state = "not found" if applied and rows is None else (f"{rows:,} rows removed" if applied else "will be cleaned")
+        state = ("not found" if rows is None else f"{rows:,} rows removed") if applied else "will be cleaned"
         console.print(f"{c['kind']} {c['url']}: {state}", highlight=False)
     for s in r.shards:
         what = "deleted" if s.get("deleted") else ("kept: pass --shards to delete it" if not shards else
