@@ -38,7 +38,7 @@ import duckdb
 import sqlalchemy as sa
 
 from . import _schema as schema
-from ._engine import redact_url
+from ._engine import bind_project, project_of, redact_url
 from ._errors import SchemaMismatch, StoreError, StoreURLError
 from ._objstore import ObjectNotFound, is_url, open_location
 from ._rewards import DUCKDB_VIEWS as REWARD_VIEWS
@@ -63,6 +63,11 @@ def _extension(name: str, extra: str = "dashboards") -> str:
         raise StoreError(f"package {pkg} holds no {name}.duckdb_extension file: reinstall it at version "
                          f"{duckdb.__version__}")
     return str(wanted[-1])
+
+
+def _bound(url: sa.URL) -> str | None:
+    """The project a store URL names (``?project=``), as the engine binds it."""
+    return project_of(bind_project(url, url.render_as_string(hide_password=True)))
 
 
 def _pg_conninfo(url: sa.URL) -> str:
@@ -175,7 +180,9 @@ def _attach(con: duckdb.DuckDBPyConnection, source: str, settings: Settings | No
     elif backend == "postgresql":
         con.execute(f"LOAD '{_extension('postgres_scanner')}'")
         try:
-            con.execute(f"ATTACH '{_pg_conninfo(url)}' AS src (TYPE postgres, READ_ONLY)")
+            project = _bound(url)   # a project is a schema of its own: the views see that schema only
+            schema_opt = f", SCHEMA '{project}'" if project else ""
+            con.execute(f"ATTACH '{_pg_conninfo(url)}' AS src (TYPE postgres, READ_ONLY{schema_opt})")
         except duckdb.Error as exc:
             raise StoreError(f"cannot attach {redact_url(source)} in DuckDB: {str(exc).splitlines()[0]}. Check the "
                              "URL and that the server is running.") from None
