@@ -63,7 +63,7 @@ def _counts(conn: sa.Connection, chosen: Chosen) -> dict:
             "exclusions": _count(conn, EX, "rollout_id", chosen.rollouts),
             "rescores": _count(conn, RS, "call_id", chosen.calls),
             "messages": len(chosen.messages), "tool_schemas": len(chosen.tool_schemas), "blobs": len(chosen.blobs),
-            "tasks": len(chosen.tasks)}
+            "tasks": len(chosen.tasks), "running": len(chosen.running)}
 
 
 def _exports(conn: sa.Connection, seen: list[int]) -> list[dict]:

@@ -76,6 +76,10 @@ def _print(r: ErasureReport, applied: bool, shards: bool) -> None:
     for k, v in r.counts.items():
         table.add_row(k, f"{v:,}")
     console.print(table)
+    if r.counts.get("running"):
+        err.print(f"[yellow]warning:[/] {r.counts['running']} of the rollouts had not finished: a harness still "
+                  "running records its later calls again. End them first (POST /admin/rollouts/ID/end, or stop the "
+                  "run), then run this again", highlight=False)
     for c in r.copies:
         rows = c.get("rows")
         state = ("not found" if rows is None else f"{rows:,} rows removed") if applied else "will be cleaned"

@@ -80,6 +80,7 @@ class Chosen:
     tool_schemas: set[str] = field(default_factory=set)
     blobs: set[str] = field(default_factory=set)
     tasks: set[str] = field(default_factory=set)
+    running: set[str] = field(default_factory=set)   # not finished: a live harness may still record calls
 
     def items(self) -> dict[str, set[str]]:
         return {"rollout": set(self.rollouts), "call": self.calls, "message": self.messages,
@@ -145,16 +146,25 @@ def select(conn: sa.Connection, sel: Selection) -> Chosen:
     if sel.until:
         where.append(R.c.started_at < sel.until)
     loose: set[str] = set()
+    matched: set[str] = set()
     if sel.pattern is not None:
         matched, loose = _pattern_rollouts(conn, sel.pattern)
         where.append(R.c.id.in_(sorted(matched) or [""]))
     chosen = Chosen()
-    q = sa.select(R.c.id, R.c.group_id, R.c.ingest_seq, R.c.metadata).where(*where)
+    q = sa.select(R.c.id, R.c.group_id, R.c.ingest_seq, R.c.metadata, R.c.status).where(*where)
     for r in conn.execute(q):
         purpose = (r.metadata or {}).get("purpose") if isinstance(r.metadata, dict) else None
         if ("evaluation" in sel.keep and purpose == "eval") or ("teacher" in sel.keep and purpose == "teacher"):
             continue
         chosen.rollouts[r.id] = (r.group_id, r.ingest_seq)
+        if r.status == "running":
+            chosen.running.add(r.id)
+    if not (sel.tasks or sel.harnesses or sel.policy_versions or sel.since or sel.until):
+        # calls recorded for a named rollout whose row is gone (a harness that went on after an erasure)
+        for rid in sorted((set(sel.rollouts) | matched) - chosen.rollouts.keys()):
+            seq = conn.execute(sa.select(sa.func.min(C.c.ingest_seq)).where(C.c.rollout_id == rid)).scalar()
+            if seq is not None:
+                chosen.rollouts[rid] = (None, seq)
     if "exported" in sel.keep:
         for rid in _exported(conn, chosen.rollouts):
             chosen.rollouts.pop(rid)

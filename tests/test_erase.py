@@ -267,3 +267,16 @@ def test_retention_keeps_what_an_export_took_as_data(tmp_path):
     assert r.counts["rollouts"] == 1
     assert sorted(i.id for i in st.iter_rollouts()) == ["r-a", "r-kept", "r-secret"]
     st.close()
+
+
+def test_calls_a_live_rollout_records_after_its_erasure_are_erased_by_a_rerun(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    st = open_store(url, settings=Settings(home=tmp_path / "home"))
+    st.start_rollout("r1", task_id="t1")
+    st.record_call(make_call("c0", "r1", 0))
+    first = erase(st, Selection(rollouts=("r1",)), reason="opt-out", apply=True)
+    assert first.counts["running"] == 1   # the command warns: a live harness records again
+    st.record_call(make_call("c1", "r1", 1))   # the harness went on
+    again = erase(st, Selection(rollouts=("r1",)), reason="opt-out", apply=True)
+    assert again.counts["calls"] == 1 and st.counts()["calls"] == 0
+    st.close()
