@@ -4,6 +4,10 @@ from ._backoff import Backoff
 from ._blobs import BlobStore, LocalBlobStore, ObjectBlobStore, open_blob_store
 from ._call_draft import CallDraft
 from ._call_summaries import CallSummary
+from ._erase import ErasureReport, erase
+from ._erase import resume as resume_erasures
+from ._erase_copies import EraseError
+from ._erase_select import Selection
 from ._errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -35,6 +39,7 @@ from ._stats import Stats, Window
 from ._store import Store, open_store
 from ._token_calls import TokenCall
 from ._tokens import IdsText
+from ._tombstones import TombstoneInfo, erased_rollouts, tombstones
 from ._write.call_encoder import FINISH_REASON_MAX
 from ._write.journal_files import JournalCorrupt, JournalError, JournalLocked
 
@@ -49,6 +54,14 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "tombstones",
+    "resume_erasures",
+    "erased_rollouts",
+    "erase",
+    "TombstoneInfo",
+    "Selection",
+    "ErasureReport",
+    "EraseError",
     "ANALYSIS_VIEWS",
     "EXCLUSION_REASONS",
     "FINISH_REASON_MAX",

@@ -335,3 +335,12 @@ def sql_command(
     console.print(table)
     if len(rows) > max_rows:
         err.print(f"(more than {max_rows} rows; pass --max-rows or --csv FILE for all)")
+
+
+def _retain() -> None:
+    from ._erase_cli import retain_command
+
+    store_app.command("retain")(retain_command)
+
+
+_retain()

@@ -38,11 +38,12 @@ import duckdb
 import sqlalchemy as sa
 
 from . import _schema as schema
-from ._engine import redact_url
+from ._engine import bind_project, project_of, redact_url
 from ._errors import SchemaMismatch, StoreError, StoreURLError
 from ._objstore import ObjectNotFound, is_url, open_location
 from ._rewards import DUCKDB_VIEWS as REWARD_VIEWS
 from ._settings import Settings, get_settings
+from ._tombstones import NOT_COPIED
 
 ANALYSIS_VIEWS = ("rollouts", "calls", "tool_calls", "rewards", "samples", "exclusions", "exports", "tasks",
                   "harnesses", "policy_versions")
@@ -62,6 +63,11 @@ def _extension(name: str, extra: str = "dashboards") -> str:
         raise StoreError(f"package {pkg} holds no {name}.duckdb_extension file: reinstall it at version "
                          f"{duckdb.__version__}")
     return str(wanted[-1])
+
+
+def _bound(url: sa.URL) -> str | None:
+    """The project a store URL names (``?project=``), as the engine binds it."""
+    return project_of(bind_project(url, url.render_as_string(hide_password=True)))
 
 
 def _pg_conninfo(url: sa.URL) -> str:
@@ -90,7 +96,8 @@ def _quote(value: str) -> str:
 def _snapshot_views(con: duckdb.DuckDBPyConnection, source: str, manifest: dict, file_of) -> str:
     """One ``src`` view per table of a snapshot's ``manifest``; ``file_of(name)`` is where DuckDB reads a file."""
     files = {t: file_of(info["file"]) for t, info in manifest["tables"].items()}
-    missing = [t.name for t in schema.Base.metadata.sorted_tables if t.name != "ingest_counter" and t.name not in files]
+    missing = [t.name for t in schema.Base.metadata.sorted_tables
+               if t.name not in ("ingest_counter", *NOT_COPIED) and t.name not in files]
     if missing:
         raise SchemaMismatch(f"snapshot {source} lacks tables {missing}: it was written by an older OpenForge; "
                              "write a new one with `openforge store snapshot`")
@@ -173,7 +180,9 @@ def _attach(con: duckdb.DuckDBPyConnection, source: str, settings: Settings | No
     elif backend == "postgresql":
         con.execute(f"LOAD '{_extension('postgres_scanner')}'")
         try:
-            con.execute(f"ATTACH '{_pg_conninfo(url)}' AS src (TYPE postgres, READ_ONLY)")
+            project = _bound(url)   # a project is a schema of its own: the views see that schema only
+            schema_opt = f", SCHEMA '{project}'" if project else ""
+            con.execute(f"ATTACH '{_pg_conninfo(url)}' AS src (TYPE postgres, READ_ONLY{schema_opt})")
         except duckdb.Error as exc:
             raise StoreError(f"cannot attach {redact_url(source)} in DuckDB: {str(exc).splitlines()[0]}. Check the "
                              "URL and that the server is running.") from None
@@ -191,7 +200,7 @@ def connect(source: str, settings: Settings | None = None) -> duckdb.DuckDBPyCon
     try:
         con.execute("CREATE SCHEMA store")
         for table in schema.Base.metadata.sorted_tables:
-            if table.name == "ingest_counter":
+            if table.name in ("ingest_counter", *NOT_COPIED):   # the store's bookkeeping, not data
                 continue
             cols = ", ".join(_column_sql(c) for c in table.columns)
             con.execute(f'CREATE VIEW store."{table.name}" AS SELECT {cols} FROM {ref.format(table=table.name)}')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -36,11 +37,47 @@ def _private_sqlite_file(path: Path) -> None:
         pass
 
 
+_PROJECT = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_PATH_OPTION = "-csearch_path="
+
+
+def project_of(url: sa.URL) -> str | None:
+    """The project a PostgreSQL engine URL is bound to (its schema), or None (the database's default schema)."""
+    options = url.query.get("options")
+    if isinstance(options, str) and options.startswith(_PATH_OPTION):
+        return options[len(_PATH_OPTION):]
+    return None
+
+
+def bind_project(parsed: sa.URL, url: str) -> sa.URL:
+    """``?project=NAME`` -> the libpq option that makes NAME the only schema every connection sees.
+
+    Projects in one PostgreSQL database are a schema each (not a project column): every table, index, migration
+    and the ingest counter exist once per project, so no read, export, DuckDB view, dashboard or admin API can see
+    another project's rows by a forgotten WHERE, each project migrates and erases on its own, and one project can
+    be dumped or dropped whole (``pg_dump -n``, ``DROP SCHEMA``). The price: a query across projects names the
+    schemas itself."""
+    project = parsed.query.get("project")
+    if project is None:
+        return parsed
+    if parsed.get_backend_name() != "postgresql":
+        raise StoreURLError(f"store URL {redact_url(url)!r}: ?project= needs PostgreSQL (a schema each); an "
+                            "embedded SQLite store is one project: give each project its own OPENFORGE_HOME")
+    if not isinstance(project, str) or not _PROJECT.fullmatch(project) or project in ("public", "information_schema"):
+        raise StoreURLError(f"store URL {redact_url(url)!r}: project {project!r} is not a valid name: lowercase "
+                            "letters, digits and _, starting with a letter, at most 63 characters, not 'public'")
+    if "options" in parsed.query:
+        raise StoreURLError(f"store URL {redact_url(url)!r} has both ?project= and ?options=: drop options (the "
+                            "project sets the search path)")
+    return parsed.difference_update_query(["project"]).update_query_dict({"options": _PATH_OPTION + project})
+
+
 def create_engine(url: str) -> sa.Engine:
     try:
         parsed = sa.engine.make_url(url)
     except sa.exc.ArgumentError:
         raise StoreURLError(f"store URL {url!r} is not a database URL: use {SUPPORTED}") from None
+    parsed = bind_project(parsed, url)
     backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":

@@ -35,15 +35,16 @@ import sqlalchemy as sa
 from . import _schema as schema
 from ._errors import StoreError
 from ._hashing import sha256_hex
-from ._objstore import Location, open_location
+from ._objstore import Location, is_url, open_location
 from ._settings import Settings
 from ._snapshot import _write_table
+from ._tombstones import NOT_COPIED, record_copy
 
 FORMAT = "openforge-lake"
 FORMAT_VERSION = 1
 PARTITION = "lake_wm"
 MANIFESTS = "_snapshots"
-SKIPPED = ("ingest_counter", "store_meta")
+SKIPPED = ("ingest_counter", "store_meta", *NOT_COPIED)
 _PART = re.compile(rf"^([a-z_]+)/{PARTITION}=(\d+)/")
 
 
@@ -116,6 +117,7 @@ def lake_snapshot(engine: sa.Engine, lake_url: str | os.PathLike, *, as_of: int 
         raise
     if uploaded:
         uploaded(marker)
+    record_copy(engine, lake.url if is_url(str(lake_url)) else str(Path(lake_url).resolve()), "lake")
     return manifest
 
 

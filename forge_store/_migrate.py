@@ -37,7 +37,18 @@ def current(engine: sa.Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def ensure_project(engine: sa.Engine) -> None:
+    """Create the project's schema (``?project=`` in the store URL) if it does not exist yet."""
+    from ._engine import project_of
+
+    project = project_of(engine.url) if engine.dialect.name == "postgresql" else None
+    if project is not None:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{project}"')
+
+
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:
+    ensure_project(engine)
     with engine.begin() as conn:
         command.upgrade(alembic_config(conn), revision)
 
@@ -49,6 +60,8 @@ def downgrade(engine: sa.Engine, revision: str) -> None:
 
 def check(engine: sa.Engine, url_for_humans: str, *, auto_upgrade: bool) -> None:
     """Make sure the database is at this code's head revision, or say exactly why not and what to run."""
+    if auto_upgrade:
+        ensure_project(engine)
     rev = current(engine)
     head = heads()
     if rev in head:

@@ -31,6 +31,7 @@ EXCLUSION_REASONS = (
     "store_damaged",  # the store cannot give the call back (the database refused it, or its delta lost its base)
     "logprob_mismatch",  # the call's logprobs are not one per completion token
     "redacted",  # a call's text was redacted: its token ids still carry the secret (invariant 9)
+    "erased",  # the rollout was erased (openforge erase, retention): its tombstone says by whom and why
 )
 
 REWARD_SOURCES = ("verifier", "judge", "human", "api")

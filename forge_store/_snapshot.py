@@ -23,6 +23,7 @@ from . import _schema as schema
 from ._hashing import canonical_json, sha256_hex
 from ._objstore import Location, is_url, open_location
 from ._settings import Settings
+from ._tombstones import NOT_COPIED, record_copy
 
 FORMAT_VERSION = 1
 _ROLLOUT_FINISH_COLUMNS = ("outcome", "outcome_detail", "ended_at", "finished_seq")
@@ -67,10 +68,18 @@ def snapshot(engine: sa.Engine, out_dir: str | os.PathLike, *, as_of: int | None
     written as manifest.json, last). ``uploaded(name)`` is called after each object put to a URL."""
     if is_url(out_dir):
         with tempfile.TemporaryDirectory(prefix="openforge-snapshot-") as staging:
-            manifest = snapshot(engine, staging, as_of=as_of, progress=progress, batch_rows=batch_rows)
+            manifest = _snapshot(engine, staging, as_of, progress, batch_rows)
             files = [info["file"] for info in manifest["tables"].values()]
-            publish(Path(staging), open_location(str(out_dir), settings), files, "manifest.json", uploaded)
+            dest = open_location(str(out_dir), settings)
+            publish(Path(staging), dest, files, "manifest.json", uploaded)
+        record_copy(engine, dest.url, "snapshot")   # an erasure finds it there
         return manifest
+    manifest = _snapshot(engine, out_dir, as_of, progress, batch_rows)
+    record_copy(engine, str(Path(out_dir).resolve()), "snapshot")
+    return manifest
+
+
+def _snapshot(engine: sa.Engine, out_dir, as_of: int | None, progress, batch_rows: int) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with engine.connect() as conn:
@@ -81,7 +90,7 @@ def snapshot(engine: sa.Engine, out_dir: str | os.PathLike, *, as_of: int | None
         as_of = watermark if as_of is None else as_of
         tables = {}
         for table in schema.Base.metadata.sorted_tables:
-            if table.name in ("ingest_counter",):
+            if table.name in ("ingest_counter", *NOT_COPIED):
                 continue
             path = out / f"{table.name}.parquet"
             n = _write_table(conn, table, path, as_of, progress, batch_rows)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forge_store import Store, canonical_json
+from forge_store import Store, canonical_json, erased_rollouts, tombstones
 
 from . import _columns as columns
 from ._export_workers import default_workers, forkable, plan_in_workers
@@ -367,4 +367,19 @@ def verify(manifest_path: Path | str, store: Store) -> dict:
                             f"{rows_diff(derived, present)}")
         if again["exclusions"] != manifest["exclusions"]:
             problems.append(f"exclusions differ: manifest {manifest['exclusions']}, store {again['exclusions']}")
+    if problems:
+        problems = _erasures(store, manifest) + problems
     return {"ok": not problems, "problems": problems, "export_id": manifest["export_id"]}
+
+
+def _erasures(store: Store, manifest: dict) -> list[str]:
+    """The erasures that removed rollouts this export held (at its watermark), as the first problems to report."""
+    held = erased_rollouts(store, as_of=manifest["watermark"])
+    if not held:
+        return []
+    ids = {t for _, t in held.values()}
+    named = [t.describe() for t in tombstones(store) if t.id in ids]
+    n = len(held)
+    return [f"this export held {n} rollout{'s' if n > 1 else ''} erased since by {'; '.join(named)}: an export "
+            "that held erased rows can never verify again. Delete its shards (`openforge erase ... --shards`, or by "
+            "hand) and export again: the new export records an `erased` exclusion for each of them"]

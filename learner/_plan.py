@@ -14,6 +14,9 @@ counted, not excluded: a later export takes them):
 3. ``missing_data``: the rollout names a group that is not in the store.
 4. ``filtered``: ``policy_timeout`` rollouts when configured off.
 
+(``erased``: a rollout the store held at the watermark and ``openforge erase`` removed since has no rows left to
+read; it gets this exclusion, naming its tombstone, instead of the reason it had.)
+
 A rollout past these has a reward that is a fair sample of the policy: it belongs to its group as recorded.
 
 5. ``filtered``: ``--group-where`` (a group is kept whole when any of its rollouts matches, else left out whole)
@@ -53,7 +56,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from forge_store import RewardInfo, RolloutInfo, Store, StoredCall, TokenCall
+from forge_store import RewardInfo, RolloutInfo, Store, StoredCall, TokenCall, erased_rollouts
 
 from ._export_config import PURPOSES, Exclusion, ExportConfig, ExportError, redactions, rollout_purpose, where_row
 from ._grpo import group_advantages, policy_lag, policy_order, segment_values
@@ -148,6 +151,9 @@ class Planner:
             if rid is not None:
                 self.loose[key] = rid
         self.total = sum(self.sizes.values())
+        # rollouts the store held at the watermark and an erasure removed since: each keeps an exclusion row
+        for rid, (group_id, tombstone) in sorted(erased_rollouts(store, as_of=watermark).items()):
+            self._exclude("erased", rid, tombstone=tombstone, group_id=group_id)
         if self.pred is not None and self.token_level and not cfg.allow_partial_groups:
             self._refuse_split_groups()
 

@@ -32,7 +32,10 @@ PUBLIC = {
                     "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
                     "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
                     "latest_reward", "open_blob_store", "open_location", "open_store", "record_rescores", "rescored_call_ids",
-                    "rescores", "sha256_hex"],
+                    "rescores", "sha256_hex",
+                    # erasure (issue 35): the machinery, its selection and report, the tombstones exports consult
+                    "EraseError", "ErasureReport", "Selection", "TombstoneInfo", "erase", "erased_rollouts",
+                    "resume_erasures", "tombstones"],
     "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "ProxySettings", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
                       "default_cache_dir", "ensure_env", "ensure_model"],

@@ -117,6 +117,8 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
     tool_schemas: dict[str, dict] = {}
     for i, op in enumerate(ops):
         kind, seq = op["k"], first + i
+        if kind == "erased":  # a record an erasure blanked in place (forge_store._erase_copies)
+            continue
         if kind == "msgs":  # a call's new message and tool bodies, journaled ahead of it (see CallEncoder.ahead)
             _bodies(op, seq, messages, tool_schemas)
             continue
