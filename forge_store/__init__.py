@@ -45,6 +45,10 @@ def __getattr__(name: str):
         from . import _duckdb_views
 
         return _duckdb_views.connect if name == "connect_duckdb" else _duckdb_views.ANALYSIS_VIEWS
+    if name == "print_table":  # rich loads when a command prints a table
+        from ._tables import print_table
+
+        return print_table
     raise AttributeError(f"module 'forge_store' has no attribute {name!r}")
 
 
@@ -97,6 +101,7 @@ __all__ = [
     "open_blob_store",
     "open_location",
     "open_store",
+    "print_table",
     "record_rescores",
     "rescored_call_ids",
     "rescores",

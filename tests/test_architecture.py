@@ -31,7 +31,7 @@ PUBLIC = {
                     "RescoreRow", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings", "Stats", "Store",
                     "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
                     "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
-                    "latest_reward", "open_blob_store", "open_location", "open_store", "record_rescores", "rescored_call_ids",
+                    "latest_reward", "open_blob_store", "open_location", "open_store", "print_table", "record_rescores", "rescored_call_ids",
                     "rescores", "sha256_hex"],
     "proxy": ["HttpLimits", "HttpServer", "Proxy", "ProxyError", "ProxySettings", "UpstreamFailure", "build_proxy"],
     "proxy.engines": ["CACHE_ENV", "CheckpointError", "DEFAULT_MAX_TOKENS", "MODEL_NAME", "VllmServer", "chat_template",
