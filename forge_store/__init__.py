@@ -30,6 +30,7 @@ from ._records import (
 )
 from ._rescores import RescoreRow, record_rescores, rescored_call_ids, rescores
 from ._rewards import latest_reward
+from ._search import SearchHit
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
 from ._store import Store, open_store
@@ -82,6 +83,7 @@ __all__ = [
     "RescoreRow",
     "RolloutInfo",
     "SchemaMismatch",
+    "SearchHit",
     "Settings",
     "Stats",
     "Store",

@@ -18,6 +18,7 @@ from ._errors import StoreUnavailable
 from ._images import restore_images
 from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall, Trajectory
 from ._rewards import check_sources
+from ._search import SearchHit, search
 from ._stats import Stats
 from ._token_calls import TokenCall, token_calls
 
@@ -172,6 +173,14 @@ class StoreReads:
         with self._reading() as conn:
             return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
                     for t in schema.Base.metadata.sorted_tables}
+
+    def search(self, query: str, *, limit: int = 50, **filters) -> tuple[list[SearchHit], bool]:
+        """Calls whose text (new prompt messages, answer, tool calls and results, error) holds ``query``, a literal
+        substring of three characters or more, any case; newest first, at most ``limit``, and whether there are more.
+        ``filters``: ``task_id``, ``policy_version_id``, ``harness_id``, ``outcome``, ``purpose``, ``since``,
+        ``until`` (the rollout's start). See :mod:`forge_store._search`."""
+        with self._reading() as conn:
+            return search(conn, query, limit=limit, **filters)
 
     @functools.cached_property
     def stats(self) -> Stats:
