@@ -71,15 +71,21 @@ def search(conn: sa.Connection, query: str, *, task_id: str | None = None, polic
     if limit < 1:
         raise StoreError(f"search limit {limit}: ask for at least 1 hit")
     purpose_col = sa.func.coalesce(R.c.metadata["purpose"].as_string(), "train")
-    stmt = (sa.select(S.c.call_id, S.c.rollout_id, S.c.body, C.c.seq, R.c.task_id, R.c.policy_version_id,
-                      R.c.outcome, purpose_col.label("purpose"), R.c.started_at)
-            .select_from(S.outerjoin(R, R.c.id == S.c.rollout_id).outerjoin(C, C.c.id == S.c.call_id)))
+    cols = (S.c.call_id, S.c.rollout_id, S.c.body, C.c.seq, R.c.task_id, R.c.policy_version_id, R.c.outcome,
+            purpose_col.label("purpose"), R.c.started_at)
     if conn.dialect.name == "postgresql":
         like = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        stmt = stmt.where(S.c.body.ilike(f"%{like}%", escape="\\"))
-    else:
+        stmt = (sa.select(*cols).select_from(S.outerjoin(R, R.c.id == S.c.rollout_id)
+                                             .outerjoin(C, C.c.id == S.c.call_id))
+                .where(S.c.body.ilike(f"%{like}%", escape="\\")))
+        newest = S.c.ingest_seq.desc()
+    else:  # the FTS5 table drives the query, newest rowid first, so a LIMIT stops it early (no sort of every hit)
         phrase = '"' + q.replace('"', '""') + '"'
-        stmt = stmt.join(_FTS, _FTS.c.rowid == S.c.ingest_seq).where(_MATCH.op("MATCH")(phrase))
+        stmt = (sa.select(*cols).select_from(_FTS.join(S, S.c.ingest_seq == _FTS.c.rowid)
+                                             .outerjoin(R, R.c.id == S.c.rollout_id)
+                                             .outerjoin(C, C.c.id == S.c.call_id))
+                .where(_MATCH.op("MATCH")(phrase)))
+        newest = _FTS.c.rowid.desc()
     for col, value in ((R.c.task_id, task_id), (R.c.policy_version_id, policy_version_id),
                        (R.c.harness_id, harness_id), (R.c.outcome, outcome), (purpose_col, purpose)):
         if value is not None:
@@ -88,7 +94,7 @@ def search(conn: sa.Connection, query: str, *, task_id: str | None = None, polic
         stmt = stmt.where(R.c.started_at >= since)
     if until is not None:
         stmt = stmt.where(R.c.started_at < until)
-    rows = conn.execute(stmt.order_by(S.c.ingest_seq.desc()).limit(limit + 1)).mappings().all()
+    rows = conn.execute(stmt.order_by(newest).limit(limit + 1)).mappings().all()
     hits = [SearchHit(call_id=r["call_id"], rollout_id=r["rollout_id"], seq=r["seq"], task_id=r["task_id"],
                       policy_version_id=r["policy_version_id"], outcome=r["outcome"],
                       purpose=r["purpose"] if r["started_at"] is not None else None, started_at=r["started_at"],
