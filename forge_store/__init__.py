@@ -33,6 +33,7 @@ from ._rewards import latest_reward
 from ._search import SearchHit
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
+from ._timeline import TimelineCall
 from ._store import Store, open_store
 from ._token_calls import TokenCall
 from ._tokens import IdsText
@@ -91,6 +92,7 @@ __all__ = [
     "StoreURLError",
     "StoreUnavailable",
     "StoredCall",
+    "TimelineCall",
     "TokenCall",
     "Trajectory",
     "Window",

@@ -20,6 +20,7 @@ from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredC
 from ._rewards import check_sources
 from ._search import SearchHit, search
 from ._stats import Stats
+from ._timeline import TimelineCall, timeline
 from ._token_calls import TokenCall, token_calls
 
 
@@ -173,6 +174,13 @@ class StoreReads:
         with self._reading() as conn:
             return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
                     for t in schema.Base.metadata.sorted_tables}
+
+    def timeline(self, rollout_id: str) -> list[TimelineCall]:
+        """One rollout's calls in order, light: what each adds to its prompt, its answer, timings, error and whether
+        it extends the previous call (see :mod:`forge_store._timeline`). For long rollouts, where ``calls`` is
+        O(turns^2)."""
+        with self._reading() as conn:
+            return timeline(conn, rollout_id)
 
     def search(self, query: str, *, limit: int = 50, **filters) -> tuple[list[SearchHit], bool]:
         """Calls whose text (new prompt messages, answer, tool calls and results, error) holds ``query``, a literal

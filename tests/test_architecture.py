@@ -29,7 +29,7 @@ PUBLIC = {
                     "JournalCorrupt", "JournalError", "JournalLocked", "LocalBlobStore", "Location", "NotFound",
                     "OUTCOMES", "ObjectBlobStore", "ObjectNotFound", "ObjectStoreError", "REWARD_SOURCES",
                     "RescoreRow", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "SearchHit", "Settings", "Stats", "Store",
-                    "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
+                    "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TimelineCall", "TokenCall", "Trajectory",
                     "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
                     "latest_reward", "open_blob_store", "open_location", "open_store", "print_table", "record_rescores", "rescored_call_ids",
                     "rescores", "sha256_hex"],
