@@ -6,7 +6,7 @@ rollout (lognormal), tool calls with JSON arguments, tool results as delta-encod
 exclusions, and each call's search text (``call_search``, as the store's writer makes it; a command planted in every
 4,000th rollout). Then it times each page's queries (median of --repeat warm runs) and prints, as its last line, one
 JSON object: ``{"calls": ..., "overview_ms": ..., "trajectory_ms": ..., "behaviour_ms": ..., "search_ms": ...}``
-(``search_ms``: the planted command; ``search_common_ms``: a text in ~8% of calls, newest 50; ``--sqlite`` adds the
+(``timeline_1000_calls_ms``: the Timeline page's reads of a 1,000-call rollout; ``search_ms``: the planted command; ``search_common_ms``: a text in ~8% of calls, newest 50; ``--sqlite`` adds the
 same on a SQLite store of as many calls, ``sqlite_search_ms``, ...). With ``--analyze`` it
 also times one ``openforge analyze`` over the whole store (``learner.analyze``: every finished rollout's rubrics)
 and adds ``analyze_s``, ``analyze_cpu_s`` (this process), ``analyze_workers_cpu_s`` (its worker processes),
@@ -40,12 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dashboards._context import Context  # noqa: E402
 from dashboards._queries import overview, rollout_page  # noqa: E402
+from dashboards._timeline import build as timeline_steps, segments, timing_rows  # noqa: E402
 from dashboards._views.behaviour import compare  # noqa: E402
 from forge_store import Settings, Window, open_store, sha256_hex  # noqa: E402
 from forge_store._search_text import call_text  # noqa: E402
 from learner import analyze, tool_steps  # noqa: E402
 
 T0 = datetime(2026, 6, 1, tzinfo=timezone.utc)
+LONG = 1000  # the calls of rollout r000000 (stores of over 100 rollouts), whose Timeline page is timed
 PLANTED = "rm -rf /srv/planted"  # one call of every 4,000th rollout runs it: what search_ms looks for
 COMMON = "Traceback"  # in ~8% of tool results: search_common_ms (the newest 50 of ~80k hits per million calls)
 POLICIES = ("pv-100", "pv-200", "pv-300")
@@ -74,6 +76,8 @@ def build(url: str, n_calls: int, seed: int = 0) -> dict:
     lengths = [max(2, int(rng.lognormvariate(math.log(45), 0.45))) for _ in range(n_rollouts)]
     scale = n_calls / sum(lengths)
     lengths = [max(2, round(x * scale)) for x in lengths]
+    if n_rollouts > 100:
+        lengths[0] = LONG  # one long rollout: timeline_1000_calls_ms
     lengths[-1] += n_calls - sum(lengths)
     seq = 0
 
@@ -270,8 +274,15 @@ def measure(url: str, home: Path, repeat: int) -> dict:
         store.stats.filter_options()
         compare(ctx, "policy_version_id", POLICIES[0], POLICIES[2])
 
+    def timeline_page():  # what the Timeline page reads and computes (its drawing is Streamlit's, in the browser)
+        steps = timeline_steps(store.timeline("r000000"))
+        segments(steps), timing_rows(steps)
+        store.rewards("r000000"), store.exclusion_reasons(["r000000"])
+
     out = {"overview_ms": _timed(overview_page, repeat), "trajectory_ms": _timed(trajectory_page, repeat),
-           "behaviour_ms": _timed(behaviour_page, repeat)}
+           "behaviour_ms": _timed(behaviour_page, repeat),
+           **({"timeline_1000_calls_ms": _timed(timeline_page, repeat)}
+              if len(store.timeline("r000000")) == LONG else {})}
     store.close()
     return {**out, **measure_search(url, home, repeat)}
 

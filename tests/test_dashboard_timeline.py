@@ -122,3 +122,23 @@ def test_the_day_chart_shows_a_single_day(tmp_path, monkeypatch):
     specs = [json.loads(chart.proto.spec) for chart in at.get("vega_lite_chart")]
     day = [s for s in specs if s.get("encoding", {}).get("x", {}).get("field") == "day"]
     assert len(day) == 1 and day[0]["mark"]["point"]  # a line with a point on its one day: visible
+
+
+def test_group_page_puts_a_grpo_group_side_by_side(seeded, monkeypatch):
+    url, home, _ = seeded
+    at = _app(monkeypatch, url, home, page="Group", group="g-0-policy-v1")
+    rows = at.dataframe[0].value
+    assert sorted(rows["rollout"]) == ["r-0-0-0", "r-0-0-1", "r-0-0-2"]
+    assert rows.loc[rows["rollout"] == "r-0-0-2", "reward"].isna().all()  # the infra error: no reward, no advantage
+    graded = rows.dropna(subset=["reward"])
+    assert abs(graded["advantage"].sum()) < 1e-9 and graded["advantage"].notna().all()  # GRPO: centred on the mean
+    actions = at.dataframe[1].value
+    assert set(actions.columns) == {"action", "r-0-0-0", "r-0-0-1", "r-0-0-2"}
+    assert actions.iloc[0, 1:].nunique() == 1 and actions.iloc[1, 1:].nunique() == 1  # ls, then read_file: all alike
+    text = _texts(at)
+    assert "Group g-0-policy-v1" in text and ("diverge at action" in text or "same actions" in text)
+    if "diverge at action" in text:
+        k = int(text.split("diverge at action ")[1].split(".")[0])
+        assert k >= 3 and actions.iloc[k - 1, 1:].nunique() > 1
+    at = _app(monkeypatch, url, home, page="Group")  # no link: the newest rollout's group
+    assert at.text_input(key="group_id").value.startswith("g-")

@@ -4,7 +4,8 @@ screenshot of each page (paths printed; under the test's tmp dir):
 
 - the timeline of a GUI rollout: the screenshot with the click drawn beside the action;
 - the timeline of a 40-turn rollout opened at step 14: the segment boundary there and its reason (compaction);
-- a search that finds a planted ``rm -rf`` command, with the link to its step.
+- a search that finds a planted ``rm -rf`` command, with the link to its step;
+- a GRPO group side by side (rewards, advantages, where the actions diverge).
 """
 
 from __future__ import annotations
@@ -89,3 +90,8 @@ def test_search_finds_a_planted_command(dashboard, browser, tmp_path):
     _open(browser, f"{dashboard}/?page=Search&q=rm%20-rf%20/var",
           ("Calls holding 'rm -rf /var': 1 in 1 rollout,", "First hit: rollout r-long step 7", PLANTED[:6]),
           tmp_path / "search.png")
+
+
+def test_group_view(dashboard, browser, tmp_path):
+    _open(browser, f"{dashboard}/?page=Group&group=g-0-policy-v1",
+          ("Group g-0-policy-v1", "3 rollouts", "Actions side by side"), tmp_path / "group.png")

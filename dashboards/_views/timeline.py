@@ -45,7 +45,8 @@ def render(ctx: Context) -> None:
     cols[3].metric("Task", info.task_id or "-")
     cols[4].metric("Policy version", info.policy_version_id or "-")
     st.caption(f"Link to this view: `?page=Timeline&rollout={rid}&step=1` · "
-               f"[Trajectories](?page=Trajectories&rollout={rid})")
+               f"[Trajectories](?page=Trajectories&rollout={rid})"
+               + (f" · [its GRPO group](?page=Group&group={info.group_id})" if info.group_id else ""))
     _rewards_and_exclusions(rewards, excluded)
     if not steps:
         st.info("This rollout recorded no model calls.")
