@@ -6,10 +6,11 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboards._context import Context, open_or_explain, sidebar_reward_sources, sidebar_window, store_url
-from dashboards._views import annotate, behaviour, exports, group, mismatch, overview, search, timeline, trajectories
+from dashboards._views import (annotate, behaviour, exports, group, mismatch, overview, search, timeline,
+                               trajectories, versions)
 
 PAGES = {"Overview": overview, "Trajectories": trajectories, "Timeline": timeline, "Search": search,
-         "Group": group, "Behaviour": behaviour, "Exports": exports, "Mismatch": mismatch, "Annotate": annotate}
+         "Group": group, "Versions": versions, "Behaviour": behaviour, "Exports": exports, "Mismatch": mismatch, "Annotate": annotate}
 
 
 def main() -> None:

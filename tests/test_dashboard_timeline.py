@@ -142,3 +142,13 @@ def test_group_page_puts_a_grpo_group_side_by_side(seeded, monkeypatch):
         assert k >= 3 and actions.iloc[k - 1, 1:].nunique() > 1
     at = _app(monkeypatch, url, home, page="Group")  # no link: the newest rollout's group
     assert at.text_input(key="group_id").value.startswith("g-")
+
+
+def test_versions_page_shows_one_task_along_the_chain(seeded, monkeypatch):
+    url, home, _ = seeded
+    at = _app(monkeypatch, url, home, page="Versions", task="task-1")
+    rows = at.dataframe[0].value
+    assert list(rows["policy version"]) == ["policy-v1", "policy-v2"]  # parent (step 100) before child (step 200)
+    assert list(rows["rollouts"]) == [3, 3] and rows["tool calls per rollout"].min() >= 3
+    assert rows["newest"].str.startswith("?page=Timeline&rollout=r-1-").all()
+    assert "Task task-1 under each policy version" in _texts(at).replace("`", "")
