@@ -233,6 +233,25 @@ def build_sqlite_search(url: str, n_calls: int, seed: int = 0) -> dict:
     return {"rollouts": n_rollouts, "calls": done}
 
 
+def timeline_page(store, rid: str) -> None:
+    """What the Timeline page reads and computes for a rollout (its drawing is Streamlit's, in the browser)."""
+    steps = timeline_steps(store.timeline(rid))
+    segments(steps), timing_rows(steps)
+    store.rollout(rid), store.rewards(rid), store.exclusion_reasons([rid])
+
+
+def record_long_rollout(url: str, home: Path, rid: str = "long-1000") -> None:
+    """A 1,000-call rollout through ``Store.record_call`` (the real write path: deltas, search text)."""
+    from forge_store.testing import Turn, agent_calls
+
+    turns = [Turn([("bash", {"command": f"make step{i}"})], [f"step {i}: " + "output " * 40]) for i in range(LONG)]
+    with open_store(url, settings=Settings(home=home)) as st:
+        st.start_rollout(rid, task_id="task-0", started_at=T0)
+        for rec in agent_calls(rid, turns, started_at=T0):
+            st.record_call(rec)
+        st.finish_rollout(rid, "success", ended_at=T0 + timedelta(hours=1))
+
+
 def measure_search(url: str, home: Path, repeat: int) -> dict:
     """``Store.search``: a command planted in a few calls, a text in ~8% of them (newest 50), one filtered."""
     store = open_store(url, settings=Settings(home=home, auto_upgrade=False))
@@ -274,14 +293,9 @@ def measure(url: str, home: Path, repeat: int) -> dict:
         store.stats.filter_options()
         compare(ctx, "policy_version_id", POLICIES[0], POLICIES[2])
 
-    def timeline_page():  # what the Timeline page reads and computes (its drawing is Streamlit's, in the browser)
-        steps = timeline_steps(store.timeline("r000000"))
-        segments(steps), timing_rows(steps)
-        store.rewards("r000000"), store.exclusion_reasons(["r000000"])
-
     out = {"overview_ms": _timed(overview_page, repeat), "trajectory_ms": _timed(trajectory_page, repeat),
            "behaviour_ms": _timed(behaviour_page, repeat),
-           **({"timeline_1000_calls_ms": _timed(timeline_page, repeat)}
+           **({"timeline_1000_calls_ms": _timed(lambda: timeline_page(store, "r000000"), repeat)}
               if len(store.timeline("r000000")) == LONG else {})}
     store.close()
     return {**out, **measure_search(url, home, repeat)}
@@ -310,6 +324,9 @@ def _sqlite(n_calls: int, home: Path, repeat: int) -> dict:
     build_sqlite_search(url, n_calls)
     built = round(time.perf_counter() - t, 1)
     timings = measure_search(url, home, repeat)
+    record_long_rollout(url, home)
+    with open_store(url, settings=Settings(home=home, auto_upgrade=False)) as st:
+        timings["timeline_1000_calls_ms"] = _timed(lambda: timeline_page(st, "long-1000"), repeat)
     (home / "search-bench.sqlite").unlink()
     return {"sqlite_calls": n_calls, "sqlite_build_s": built, **{f"sqlite_{k}": v for k, v in timings.items()}}
 

@@ -73,11 +73,17 @@ def search(conn: sa.Connection, query: str, *, task_id: str | None = None, polic
     purpose_col = sa.func.coalesce(R.c.metadata["purpose"].as_string(), "train")
     cols = (S.c.call_id, S.c.rollout_id, S.c.body, C.c.seq, R.c.task_id, R.c.policy_version_id, R.c.outcome,
             purpose_col.label("purpose"), R.c.started_at)
+    filtered = any(v is not None for v in (task_id, policy_version_id, harness_id, outcome, purpose, since, until))
     if conn.dialect.name == "postgresql":
         like = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        stmt = (sa.select(*cols).select_from(S.outerjoin(R, R.c.id == S.c.rollout_id)
-                                             .outerjoin(C, C.c.id == S.c.call_id))
-                .where(S.c.body.ilike(f"%{like}%", escape="\\")))
+        match = S.c.body.ilike(f"%{like}%", escape="\\")
+        joined = S.outerjoin(R, R.c.id == S.c.rollout_id).outerjoin(C, C.c.id == S.c.call_id)
+        if filtered:  # the trigram index first (a materialised set of matches), then the rollouts' filters: walking
+            # the newest calls and testing each would read most of the store when the filters keep few of them
+            found = sa.select(S.c.ingest_seq).where(match).cte("found").prefix_with("MATERIALIZED")
+            stmt = sa.select(*cols).select_from(found.join(joined, S.c.ingest_seq == found.c.ingest_seq))
+        else:  # newest first until the limit: a common text stops early, a rare one uses the index
+            stmt = sa.select(*cols).select_from(joined).where(match)
         newest = S.c.ingest_seq.desc()
     else:  # the FTS5 table drives the query, newest rowid first, so a LIMIT stops it early (no sort of every hit)
         phrase = '"' + q.replace('"', '""') + '"'

@@ -149,3 +149,21 @@ def test_markup_in_cells_prints_as_written():
     print_table(out, "metrics [v2]", [{"success[check]": "[bold]x[/]", "n": 1.5}])
     text = buf.getvalue()
     assert "success[check]" in text and "[bold]x[/]" in text and "1.500" in text and "metrics [v2]" in text
+
+
+def test_search(seeded):
+    """``openforge search`` (its entry point reaches the venv on reinstall: driven through its own typer app)."""
+    import typer
+
+    from forge_store._search_cli import search_command
+
+    search_app = typer.Typer()
+    search_app.command("search")(search_command)
+    search_app.command("noop")(lambda: None)
+    res = runner.invoke(search_app, ["search", "pytest -q", "--store", seeded, "--json"])
+    assert res.exit_code == 0, res.output
+    hits = json.loads(res.output)["hits"]
+    assert hits
+    res = runner.invoke(search_app, ["search", "pytest -q", "--store", seeded])
+    assert res.exit_code == 0, res.output
+    assert_readable(res.output, {"rollout", "step", "call", "task", "version", "outcome", "snippet"})
