@@ -55,7 +55,7 @@ def _open(browser, url: str, wanted: tuple[str, ...], shot: Path, timeout: float
     """Load ``url``, wait until every ``wanted`` text shows and Streamlit has stopped running, screenshot the page."""
     page = browser.new_page(viewport={"width": 1400, "height": height})  # Streamlit scrolls inside: a tall window
     try:
-        page.goto(url)
+        page.goto(url, timeout=timeout * 1000)  # a loaded CI machine may take long to serve the first page
         text, settled, deadline = "", 0, time.monotonic() + timeout
         while time.monotonic() < deadline and settled < 3:
             text = page.inner_text("body")
