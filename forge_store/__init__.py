@@ -34,8 +34,10 @@ from ._records import (
 )
 from ._rescores import RescoreRow, record_rescores, rescored_call_ids, rescores
 from ._rewards import latest_reward
+from ._search import SearchHit
 from ._settings import Settings, get_settings
 from ._stats import Stats, Window
+from ._timeline import TimelineCall
 from ._store import Store, open_store
 from ._token_calls import TokenCall
 from ._tokens import IdsText
@@ -50,6 +52,10 @@ def __getattr__(name: str):
         from . import _duckdb_views
 
         return _duckdb_views.connect if name == "connect_duckdb" else _duckdb_views.ANALYSIS_VIEWS
+    if name == "print_table":  # rich loads when a command prints a table
+        from ._tables import print_table
+
+        return print_table
     raise AttributeError(f"module 'forge_store' has no attribute {name!r}")
 
 
@@ -91,6 +97,7 @@ __all__ = [
     "RescoreRow",
     "RolloutInfo",
     "SchemaMismatch",
+    "SearchHit",
     "Settings",
     "Stats",
     "Store",
@@ -98,6 +105,7 @@ __all__ = [
     "StoreURLError",
     "StoreUnavailable",
     "StoredCall",
+    "TimelineCall",
     "TokenCall",
     "Trajectory",
     "Window",
@@ -110,6 +118,7 @@ __all__ = [
     "open_blob_store",
     "open_location",
     "open_store",
+    "print_table",
     "record_rescores",
     "rescored_call_ids",
     "rescores",

@@ -14,12 +14,12 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from . import _migrate as migrate
 from ._engine import create_engine, redact_url
 from ._errors import StoreError
 from ._settings import get_settings
+from ._tables import print_table
 from ._write.journal_files import JournalError, JournalLocked
 from ._write.journal_tail import JournalTail
 
@@ -102,12 +102,8 @@ def store_info(store: StoreOpt = None, as_json: bool = typer.Option(False, "--js
     if as_json:
         console.print_json(json.dumps(info))
         return
-    table = Table(title=f"{info['url']}  store {info['store_id']}  watermark {info['watermark']}")
-    table.add_column("table")
-    table.add_column("rows", justify="right")
-    for name, n in info["rows"].items():
-        table.add_row(name, f"{n:,}")
-    console.print(table)
+    print_table(console, f"{info['url']}  store {info['store_id']}  watermark {info['watermark']}",
+                [{"table": name, "rows": f"{n:,}"} for name, n in info["rows"].items()], right=("rows",))
 
 
 @store_app.command("snapshot")
@@ -304,6 +300,8 @@ def sql_command(
                                         "store).", show_default=False),
     max_rows: int = typer.Option(200, "--max-rows", help="Print at most this many rows."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Write the full result to this CSV file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows (at most --max-rows) as a JSON list of "
+                                 "objects."),
 ) -> None:
     """Run DuckDB SQL over the store (read-only) or a Parquet snapshot (a folder or an s3:// URL)."""
     import duckdb
@@ -327,12 +325,11 @@ def sql_command(
         console.print(f"wrote {csv}")
         return
     cols, rows = rel.columns, rel.fetchmany(max_rows + 1)
-    table = Table()
-    for c in cols:
-        table.add_column(c)
-    for row in rows[:max_rows]:
-        table.add_row(*("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
-    console.print(table)
+    records = [dict(zip(cols, row)) for row in rows[:max_rows]]
+    if as_json:
+        print(json.dumps(records, default=str))
+    else:
+        print_table(console, None, records)
     if len(rows) > max_rows:
         err.print(f"(more than {max_rows} rows; pass --max-rows or --csv FILE for all)")
 

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from ._errors import SchemaMismatch
-from ._schema import Base
+from ._schema import Base, modelled
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -21,6 +21,7 @@ def alembic_config(connection: sa.Connection | None = None) -> Config:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["connection"] = connection
     cfg.attributes["target_metadata"] = Base.metadata  # migrations/env.py imports nothing of the store
+    cfg.attributes["include_name"] = modelled
     return cfg
 
 

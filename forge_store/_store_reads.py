@@ -18,7 +18,9 @@ from ._errors import StoreUnavailable
 from ._images import restore_images
 from ._records import EventInfo, RewardInfo, RolloutFilter, RolloutInfo, StoredCall, Trajectory
 from ._rewards import check_sources
+from ._search import SearchHit, search
 from ._stats import Stats
+from ._timeline import TimelineCall, timeline
 from ._token_calls import TokenCall, token_calls
 
 
@@ -172,6 +174,21 @@ class StoreReads:
         with self._reading() as conn:
             return {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
                     for t in schema.Base.metadata.sorted_tables}
+
+    def timeline(self, rollout_id: str) -> list[TimelineCall]:
+        """One rollout's calls in order, light: what each adds to its prompt, its answer, timings, error and whether
+        it extends the previous call (see :mod:`forge_store._timeline`). For long rollouts, where ``calls`` is
+        O(turns^2)."""
+        with self._reading() as conn:
+            return timeline(conn, rollout_id)
+
+    def search(self, query: str, *, limit: int = 50, **filters) -> tuple[list[SearchHit], bool]:
+        """Calls whose text (new prompt messages, answer, tool calls and results, error) holds ``query``, a literal
+        substring of three characters or more, any case; newest first, at most ``limit``, and whether there are more.
+        ``filters``: ``task_id``, ``policy_version_id``, ``harness_id``, ``outcome``, ``purpose``, ``since``,
+        ``until`` (the rollout's start). See :mod:`forge_store._search`."""
+        with self._reading() as conn:
+            return search(conn, query, limit=limit, **filters)
 
     @functools.cached_property
     def stats(self) -> Stats:

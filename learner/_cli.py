@@ -153,7 +153,7 @@ def _print_rows(title: str, rows: list[dict]) -> None:
         print_table(Console(), title, rows)   # a console made now reads the terminal width (COLUMNS) now
 
 
-def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str) -> None:
+def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str, say: Console) -> None:
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
@@ -165,7 +165,7 @@ def _write(rows_by_name: dict[str, list[dict]], out: Path, kind: str) -> None:
             pcsv.write_csv(table, out / f"{name}.csv")
         else:
             pq.write_table(table, out / f"{name}.parquet")
-    console.print(f"wrote {', '.join(f'{n}.{kind}' for n in rows_by_name)} to {out}")
+    say.print(f"wrote {', '.join(f'{n}.{kind}' for n in rows_by_name)} to {out}")
 
 
 def analyze_command(
@@ -184,7 +184,8 @@ def analyze_command(
                                                       "interval, paired by task."),
     purpose: str = typer.Option("eval", "--purpose", help="With --compare: the rollouts compared (eval | train | "
                                 "teacher | any)."),
-    as_json: bool = typer.Option(False, "--json", help="With --compare: print the comparison as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print every table as JSON (one object: table name -> rows; "
+                                 "with --compare, the comparison)."),
     ratio_eps: float = typer.Option(0.2, "--ratio-eps", help="Logprob mismatch table: the share of re-scored "
                                     "tokens whose ratio leaves [1 - eps, 1 + eps]."),
 ) -> None:
@@ -228,21 +229,28 @@ def analyze_command(
     if not report["summary"]:
         _fail(f"{st.url} has no finished rollouts{' since ' + since if since else ''}: nothing to analyze. Record "
               "rollouts first, or point --store at another store.", code=1)
+    if agreement["n"]:
+        report["judge_agreement"] = [agreement]
+    if mismatch:
+        report["mismatch"] = mismatch
+    if as_json:
+        print(json.dumps(report, default=str))
+    else:
+        _print_report(report, by)
+    if csv:
+        _write(report, csv, "csv", err if as_json else console)
+    if parquet:
+        _write(report, parquet, "parquet", err if as_json else console)
+
+
+def _print_report(report: dict, by: str) -> None:
     _print_rows(f"Outcomes by {by}", report["summary"])
     _print_rows(f"Behaviour by {by}", report["behaviour"])
     _print_rows(f"Tool-call share by category and {by}", report["categories"])
     _print_rows(f"Exclusions by reason and {by}", report["exclusions"])
-    if agreement["n"]:
-        _print_rows("Judge vs verifier agreement (rollouts with both)", [agreement])
-        report["judge_agreement"] = [agreement]
-    if mismatch:
-        _print_rows("Logprob mismatch: engine against re-scores (openforge rescore), by behaviour version and "
-                    "re-scored version", mismatch)
-        report["mismatch"] = mismatch
-    if csv:
-        _write(report, csv, "csv")
-    if parquet:
-        _write(report, parquet, "parquet")
+    _print_rows("Judge vs verifier agreement (rollouts with both)", report.get("judge_agreement") or [])
+    _print_rows("Logprob mismatch: engine against re-scores (openforge rescore), by behaviour version and "
+                "re-scored version", report.get("mismatch") or [])
 
 
 def _compare(store: str | None, versions: tuple[str, str], purpose: str, ks: tuple[int, ...],

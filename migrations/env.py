@@ -17,6 +17,7 @@ context.configure(
     target_metadata=config.attributes.get("target_metadata"),
     render_as_batch=connection.dialect.name == "sqlite",
     compare_type=True,
+    include_name=config.attributes.get("include_name"),  # objects the models leave out (the search index)
 )
 with context.begin_transaction():
     context.run_migrations()

@@ -186,7 +186,7 @@ def _run(opts: dict, err):
 
 
 def _print_summary(summary, err, json_out: bool) -> None:
-    from rich.table import Table
+    from forge_store import print_table
 
     oc = summary.outcomes
     doc = {"run_id": summary.run_id, "rollouts": len(summary.results), "outcomes": dict(oc),
@@ -196,9 +196,8 @@ def _print_summary(summary, err, json_out: bool) -> None:
     if json_out:
         print(json.dumps(doc))
         return
-    t = Table(title=f"run {summary.run_id}" + (" (cancelled)" if summary.cancelled else ""))
-    for col in ("rollouts", "groups complete", *sorted(oc), "mean reward", "wall s"):
-        t.add_column(col)
-    t.add_row(str(len(summary.results)), f"{summary.groups_complete}/{summary.groups}", *(str(oc[k]) for k in sorted(oc)),
-              "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}", f"{summary.wall_s:.1f}")
-    err.print(t)
+    row = {"rollouts": len(summary.results), "groups complete": f"{summary.groups_complete}/{summary.groups}",
+           **{k: oc[k] for k in sorted(oc)},
+           "mean reward": "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}",
+           "wall s": f"{summary.wall_s:.1f}"}
+    print_table(err, f"run {summary.run_id}" + (" (cancelled)" if summary.cancelled else ""), [row])

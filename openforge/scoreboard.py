@@ -78,25 +78,15 @@ def difference(a: Rate, b: Rate, z: float = Z95) -> tuple[float | None, tuple[fl
 
 def print_scoreboard(console, rows: list[VersionRow], phases: dict[str, float]) -> None:
     """The table the loop ends with (rich folds long cells, so it stays readable in a log file)."""
-    from rich.table import Table
+    from forge_store import print_table
 
-    table = Table(title="Policy versions along the chain (success = full reward; 95% Wilson intervals)",
-                  title_justify="left")
-    staged = any(r.validation.n for r in rows)
-    cols = [("version", "left"), ("made by", "left"), ("parent", "left"), ("held-out success", "right"),
-            ("train success", "right")] + ([("validation", "right")] if staged else []) + [("calls", "right"),
-                                                                                         ("samples", "right")]
-    for col, just in cols:
-        table.add_column(col, justify=just, overflow="fold")
-    for r in rows:
-        table.add_row(r.version, r.made_by, r.parent or "-", r.heldout.text(), r.train.text(),
-                      *([r.validation.text()] if staged else []), f"{r.calls:,}",
-                      "-" if r.samples is None else f"{r.samples:,}")
-    console.print(table)
-    times = Table(title="Time per phase", title_justify="left")
-    times.add_column("phase")
-    times.add_column("seconds", justify="right")
-    for name, s in phases.items():
-        times.add_row(name, f"{s:.1f}")
-    times.add_row("total", f"{sum(phases.values()):.1f}")
-    console.print(times)
+    staged = any(r.validation.n for r in rows)   # staged SFT: the stages' validation success
+    print_table(console, "Policy versions along the chain (success = full reward; 95% Wilson intervals)",
+                [{"version": r.version, "made by": r.made_by, "parent": r.parent or "-",
+                  "held-out success": r.heldout.text(), "train success": r.train.text(),
+                  **({"validation": r.validation.text()} if staged else {}), "calls": f"{r.calls:,}",
+                  "samples": "-" if r.samples is None else f"{r.samples:,}"} for r in rows],
+                right=("held-out success", "train success", "validation", "calls", "samples"))
+    times = [{"phase": name, "seconds": f"{s:.1f}"} for name, s in phases.items()]
+    print_table(console, "Time per phase", [*times, {"phase": "total", "seconds": f"{sum(phases.values()):.1f}"}],
+                right=("seconds",))

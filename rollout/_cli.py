@@ -62,8 +62,12 @@ def generate_command(
 
 
 @tasks_app.command("families")
-def families_command() -> None:
+def families_command(json_out: bool = typer.Option(False, "--json", help="Print the families as JSON "
+                                                     "(family -> templates) on stdout.")) -> None:
     """List the task families and their templates."""
+    if json_out:
+        print(json.dumps(task_families()))
+        return
     for name, templates in task_families().items():
         console.print(f"{name}: {', '.join(templates)}", highlight=False)
 

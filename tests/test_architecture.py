@@ -28,10 +28,10 @@ PUBLIC = {
                     "CallSummary", "EXCLUSION_REASONS", "EventInfo", "FINISH_REASON_MAX", "IdsText", "InvalidRecord",
                     "JournalCorrupt", "JournalError", "JournalLocked", "LocalBlobStore", "Location", "NotFound",
                     "OUTCOMES", "ObjectBlobStore", "ObjectNotFound", "ObjectStoreError", "REWARD_SOURCES",
-                    "RescoreRow", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "Settings", "Stats", "Store",
-                    "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TokenCall", "Trajectory",
+                    "RescoreRow", "RewardInfo", "RolloutFilter", "RolloutInfo", "SchemaMismatch", "SearchHit", "Settings", "Stats", "Store",
+                    "StoreError", "StoreURLError", "StoreUnavailable", "StoredCall", "TimelineCall", "TokenCall", "Trajectory",
                     "Window", "canonical_json", "connect_duckdb", "get_settings", "is_url", "json_sha256",
-                    "latest_reward", "open_blob_store", "open_location", "open_store", "record_rescores", "rescored_call_ids",
+                    "latest_reward", "open_blob_store", "open_location", "open_store", "print_table", "record_rescores", "rescored_call_ids",
                     "rescores", "sha256_hex",
                     # erasure (issue 35): the machinery, its selection and report, the tombstones exports consult
                     "EraseError", "ErasureReport", "Selection", "TombstoneInfo", "erase", "erased_rollouts",

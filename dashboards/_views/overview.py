@@ -28,9 +28,7 @@ def render(ctx: Context) -> None:
 
     chain_chart(success_along_chain(ctx.store, ctx.window))
 
-    st.subheader("Success rate by policy version and day")
-    wide = by_day.pivot_table(index="day", columns="policy_version_id", values="success_rate")
-    st.line_chart(wide)
+    day_chart(by_day)
 
     left, right = st.columns(2)
     with left:
@@ -49,6 +47,25 @@ def render(ctx: Context) -> None:
             excl = excl.assign(rate=excl["rollouts"] / total)
             st.bar_chart(excl.set_index("reason")["rollouts"])
             st.dataframe(pd.DataFrame(excl), hide_index=True, width="stretch")
+
+
+def day_chart(by_day: pd.DataFrame) -> None:
+    """Success rate per policy version and day: lines with a point on every day, so a single day (every rollout of
+    a demo) shows its points instead of an empty chart."""
+    st.subheader("Success rate by policy version and day")
+    if by_day.empty:
+        st.caption("No finished rollout in this window.")
+        return
+    data = by_day.assign(policy_version_id=by_day["policy_version_id"].fillna("(none)"))
+    days = data["day"].nunique()
+    chart = alt.Chart(data).mark_line(point=alt.OverlayMarkDef(size=80)).encode(
+        x=alt.X("day:N", title="day", sort=sorted(data["day"].unique())),
+        y=alt.Y("success_rate:Q", title="success rate", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("policy_version_id:N", title="policy version"),
+        tooltip=["day", "policy_version_id", "rollouts", "successes", alt.Tooltip("success_rate:Q", format=".1%")])
+    st.altair_chart(chart, width="stretch")
+    if days == 1:
+        st.caption(f"Every rollout in this window started on {data['day'].iloc[0]}: one point per policy version.")
 
 
 def chain_chart(chain: pd.DataFrame) -> None:

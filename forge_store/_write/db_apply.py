@@ -38,6 +38,7 @@ from .._hashing import canonical_json, sha256_hex
 from .._tokens import compress_packed, ids_to_bytes, pack_ids, pack_logprobs, text_to_raw, unpack_ids_raw
 from .journal_files import write_private
 from .op_codec import pack_op, unpack_op
+from .search_index import index_calls
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
     rows: dict[str, list[dict]] = defaultdict(list)
     messages: dict[str, dict] = {}
     tool_schemas: dict[str, dict] = {}
+    calls: list[tuple[dict, dict]] = []
     for i, op in enumerate(ops):
         kind, seq = op["k"], first + i
         if kind == "erased":  # a record an erasure blanked in place (forge_store._erase_copies)
@@ -130,6 +132,7 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
         if kind == "call":
             _call(op, row, seq, messages)
             _bodies(op, seq, messages, tool_schemas)
+            calls.append((op, row))
     insert_ignore(conn, _messages, list(messages.values()))
     insert_ignore(conn, _tool_schemas, list(tool_schemas.values()))
     for kind in ORDER:
@@ -137,6 +140,7 @@ def apply_ops(conn: sa.Connection, ops: list[dict]) -> None:
             _finish_rollouts(conn, rows[kind])
         else:
             insert_ignore(conn, TABLES[kind], rows[kind])
+    index_calls(conn, calls, messages, insert_ignore)
 
 
 def _call(op: dict, row: dict, seq: int, messages: dict[str, dict]) -> None:

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from forge_store import print_table
 
 from .._task import TaskError, load_tasks
 from .._task_version import diff_versions, stored_version, task_version
@@ -57,14 +58,11 @@ def list_command(
     if json_out:
         print(json.dumps(rows, default=str))
         return
-    table = Table(title=f"{len(rows)} task version(s)")
-    for col in ("task", "version", "domain", "files", "solution", "origin"):
-        table.add_column(col)
-    for r in rows:
-        origin = (r["lineage"] or {}).get("generator", {}).get("run_id") if r["lineage"] else None
-        table.add_row(r["task_id"], r["version"][:12], str(r["domain"] or "-"), str(r["files"]),
-                      "yes" if r["solution"] else "no", origin or str(r["source"] or "-"))
-    Console(soft_wrap=True).print(table)
+    print_table(Console(), f"{len(rows)} task version(s)",
+                [{"task": r["task_id"], "version": r["version"][:12], "domain": str(r["domain"] or "-"),
+                  "files": str(r["files"]), "solution": "yes" if r["solution"] else "no",
+                  "origin": ((r["lineage"] or {}).get("generator", {}).get("run_id") if r["lineage"] else None)
+                  or str(r["source"] or "-")} for r in rows], right=())
 
 
 def diff_command(
