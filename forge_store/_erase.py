@@ -38,6 +38,7 @@ from ._tombstones import COPIES, ERASED, ITEMS, TOMBSTONES, tombstones
 from ._write.db_apply import insert_ignore
 
 log = logging.getLogger("forge_store.erase")
+SEARCH = schema.CallSearch.__table__  # the search index's text of each call (SQLite's FTS5 follows by trigger)
 STEPS = ("record", "journals", "database", "blobs", "snapshots", "shards", "done")
 
 
@@ -223,7 +224,8 @@ def _delete_rows(engine: sa.Engine, tid: str, keys: copies.Keys) -> None:
         for table, col, wanted in ((C, "id", calls), (C, "rollout_id", rollouts), (R, "id", rollouts),
                                    (RW, "rollout_id", rollouts), (EV, "rollout_id", rollouts),
                                    (EX, "rollout_id", rollouts), (EX, "call_id", calls), (RS, "call_id", calls),
-                                   (RS, "rollout_id", rollouts), (TASKS, "id", tasks), (TV, "task_id", tasks)):
+                                   (RS, "rollout_id", rollouts), (TASKS, "id", tasks), (TV, "task_id", tasks),
+                                   (SEARCH, "call_id", calls), (SEARCH, "rollout_id", rollouts)):   # + FTS5 rows
             for chunk in chunked(wanted):
                 conn.execute(sa.delete(table).where(table.c[col].in_(chunk)))
         msgs, tools, blobs = set(keys["message"]), set(keys["tool_schema"]), set(keys["blob"])

@@ -186,6 +186,7 @@ def _row_filter(table: str, keys: Keys) -> list[tuple[str, set[str]]]:
         "events": [("rollout_id", keys["rollout"])],
         "exclusions": [("rollout_id", keys["rollout"]), ("call_id", keys["call"])],
         "rescores": [("call_id", keys["call"]), ("rollout_id", keys["rollout"])],
+        "call_search": [("call_id", keys["call"]), ("rollout_id", keys["rollout"])],
         "tasks": [("id", keys["task"])], "task_versions": [("task_id", keys["task"])],
     }.get(table, [])
 
