@@ -40,8 +40,15 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_call_search_call_id'), ['call_id'], unique=True)
         batch_op.create_index(batch_op.f('ix_call_search_rollout_id'), ['rollout_id'], unique=False)
     if bind.dialect.name == 'postgresql':
-        op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
-        op.execute("CREATE INDEX ix_call_search_body_trgm ON call_search USING gin (body gin_trgm_ops)")
+        # One extension per database, in ``public`` where there is one (not in a project's schema, ``?project=``,
+        # whose DROP would take every other project's search index with it); the operator class is named with the
+        # extension's schema, which a project's search_path does not hold.
+        public = bind.execute(sa.text("SELECT 1 FROM pg_namespace WHERE nspname = 'public'")).scalar() is not None
+        op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm" + (" WITH SCHEMA public" if public else ""))
+        where = bind.execute(sa.text("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = "
+                                     "e.extnamespace WHERE e.extname = 'pg_trgm'")).scalar_one()
+        quoted = bind.dialect.identifier_preparer.quote_identifier(where)
+        op.execute(f"CREATE INDEX ix_call_search_body_trgm ON call_search USING gin (body {quoted}.gin_trgm_ops)")
     else:
         try:
             op.execute("CREATE VIRTUAL TABLE call_search_fts USING fts5(body, content='call_search', "
