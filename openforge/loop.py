@@ -250,8 +250,8 @@ class LearningLoop:
                                           "run_id": summary.run_id})
             self.console.print(f"SFT after {done} epochs: validation success {row.validation.text()} on "
                                f"{len(val)} train tasks the teacher did not demonstrate")
-            now, top = row.validation.value or 0.0, best and (self.report.row(best).validation.value or 0.0)
-            if best is not None and now <= top:
+            now = row.validation.value or 0.0
+            if best is not None and now <= (top := self.report.row(best).validation.value or 0.0):
                 self.console.print(f"validation success stopped rising ({now:.3f} after {done} epochs, {top:.3f} "
                                    f"at best): SFT stops")
                 break

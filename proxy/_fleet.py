@@ -145,8 +145,8 @@ class Fleet:
         """Calls admitted from now on, on every worker, are recorded under ``version`` (those in flight keep the
         one they entered with: ``RolloutRegistry.enter``). Returns the version it replaces. The event is recorded
         once, by the worker that received the call."""
-        if version not in self.rollouts.models.by_version:
-            await asyncio.to_thread(self.rollouts.models.load, self.store, [version])
+        if version not in self.rollouts.models.by_version:   # its model name, for pinning (never fails the switch)
+            await asyncio.to_thread(self.rollouts.models.lookup, version)
         previous, self.rollouts.policy_version = self.rollouts.policy_version, version
         if forwarded:
             return previous

@@ -20,7 +20,7 @@ path, the first time a call is recorded under it; until then calls go out with t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from forge_store import StoreError
 
@@ -36,20 +36,17 @@ class ServedModels:
         if version and model_name:
             self.by_version[version] = model_name
 
-    def load(self, store, versions: Iterable[str | None]) -> None:
-        """The model names of ``versions`` (the active one, the mapped ones) from the store's lineage."""
-        wanted = sorted({v for v in versions if v} - set(self.by_version))
-        if wanted:
-            for row in store.lineage("policy_versions", ids=wanted):
-                self.learn(row.get("id"), row.get("model_name"))
-
-    def _lookup(self, version: str) -> None:
-        """A version's model name from the store, in a worker thread (a store that cannot answer leaves it to the
-        next registration or activation)."""
+    def lookup(self, version: str) -> None:
+        """``version``'s model name from the store's lineage (blocking: call it from a worker thread). A store that
+        cannot answer, or a version it does not hold, leaves it to the next registration or activation."""
+        if self.store is None or version in self.by_version:
+            return
         try:
-            self.load(self.store, [version])
+            rows = self.store.lineage("policy_versions", ids=[version])
         except StoreError:
-            pass
+            return
+        for row in rows:
+            self.learn(row.get("id"), row.get("model_name"))
 
     def choose(self, asked: str | None, active: str | None) -> tuple[str | None, str | None]:
         """(the policy version the call is recorded under, the model name the upstream receives)."""
@@ -62,5 +59,5 @@ class ServedModels:
         served = self.by_version.get(version)
         if served is None and self.store is not None and version not in self._asked:  # once, off the call's path
             self._asked.add(version)
-            asyncio.get_running_loop().run_in_executor(None, self._lookup, version)
+            asyncio.get_running_loop().run_in_executor(None, self.lookup, version)
         return version, served or asked

@@ -5,7 +5,6 @@ four protocols, against the scripted engine."""
 
 from __future__ import annotations
 
-import json
 
 import anthropic
 import pytest
@@ -109,8 +108,10 @@ def test_model_map_on_the_command_line_is_checked(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "--model-map 'teacher-big': write NAME=VERSION" in r.output, r.output
 
 
-def test_model_map_from_the_environment():
+def test_model_map_and_pinning_from_the_environment(monkeypatch):
     from proxy import ProxySettings
 
-    ps = ProxySettings(model_map=json.loads('{"teacher-big": "teacher-v1"}'))
-    assert ps.model_map == {"teacher-big": "teacher-v1"} and ps.pin_model
+    monkeypatch.setenv("OPENFORGE_PROXY_MODEL_MAP", '{"teacher-big": "teacher-v1"}')
+    monkeypatch.setenv("OPENFORGE_PROXY_PIN_MODEL", "false")
+    ps = ProxySettings()
+    assert ps.model_map == {"teacher-big": "teacher-v1"} and ps.pin_model is False
