@@ -60,6 +60,8 @@ def export_command(
     min_group_size: Optional[int] = typer.Option(None, help="Default: each group's target size."),
     keep_truncated: bool = typer.Option(False, help="Train on completions cut at max_tokens."),
     no_std: bool = typer.Option(False, "--no-std", help="Dr.GRPO: do not divide advantages by the group std."),
+    call_cost: float = typer.Option(0.0, "--call-cost", help="Efficiency shaping: a rollout of n model calls counts "
+                                    "reward * (1 - COST)**(n-1) in its group's advantages (0: the stored reward)."),
     reward_source: list[str] = typer.Option([], "--reward-source", help="Only rewards from this source count "
                                             "(verifier | judge | human | api; repeat for several; default: every "
                                             "source). A rollout's reward is its latest from these."),
@@ -104,7 +106,7 @@ def export_command(
                            keep_truncated=keep_truncated, norm_by_std=not no_std, group_where=group_where,
                            allow_partial_groups=allow_partial_groups, include_redacted=include_redacted,
                            rollout_is=rollout_is, rollout_is_cap=rollout_is_cap, rollout_is_version=rollout_is_version,
-                           rollout_is_scorer=rollout_is_scorer)
+                           rollout_is_scorer=rollout_is_scorer, call_cost=call_cost)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:
             task = bar.add_task(f"export {format}", total=None)

@@ -41,6 +41,18 @@ class ExportConfig:
     rollout_is_cap: float = 2.0
     rollout_is_version: str | None = None
     rollout_is_scorer: str = "hf-float32"
+    # efficiency shaping of the advantages' rewards: a rollout of n model calls counts reward * (1 - call_cost)**(n-1)
+    # (0: the reward as stored). Multiplicative, so a zero reward stays zero: quitting early is never paid for
+    call_cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.call_cost < 1.0:
+            raise ExportError(f"call_cost={self.call_cost}: a share of the reward each model call after the first "
+                              "costs, in [0, 1) (0: the stored reward; e.g. 0.1)")
+
+    def shaped(self, reward: float, calls: int) -> float:
+        """The reward a rollout of ``calls`` model calls counts with in its group's advantages."""
+        return reward * (1.0 - self.call_cost) ** max(calls - 1, 0) if self.call_cost else reward
 
     def grpo(self) -> GrpoConfig:
         return GrpoConfig(gamma=self.gamma, epsilon=self.epsilon, norm_by_std=self.norm_by_std,
@@ -52,6 +64,8 @@ class ExportConfig:
         if self.rollout_is is None:   # exports without weights keep the config (and so the export id) they had
             for k in ("rollout_is", "rollout_is_cap", "rollout_is_version", "rollout_is_scorer"):
                 del d[k]
+        if not self.call_cost:   # nor do exports without shaping
+            del d["call_cost"]
         return d
 
     @classmethod

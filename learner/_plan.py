@@ -379,7 +379,7 @@ class Planner:
                 for ex in excluded:
                     self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
         if self.token_level:  # over the group as recorded: every rollout in its statistics, shown or not
-            res = group_advantages([rp.reward.value for rp in scored], cfg.grpo())
+            res = group_advantages([cfg.shaped(rp.reward.value, len(rp.calls)) for rp in scored], cfg.grpo())
             for rp, adv in zip(scored, res.advantages):
                 rp.advantage = adv
             plan.note = res.note

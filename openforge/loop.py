@@ -279,7 +279,8 @@ class LearningLoop:
         # A completion cut at max_tokens is a failure the policy produced, not noise: it trains, with its advantage.
         manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'",
                                                                   keep_truncated=True,
-                                                                  norm_by_std=recipe.norm_by_std))
+                                                                  norm_by_std=recipe.norm_by_std,
+                                                                  call_cost=recipe.call_cost))
         version = f"smollm2-{self.cfg.tag}-grpo{r}"
         state = self.optimizer / "grpo.pt"   # GRPO's own AdamW: new at round 1, then kept from round to round
         try:

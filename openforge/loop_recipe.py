@@ -30,6 +30,7 @@ class GrpoRecipe:
     clip_high: float = 0.28       # DAPO's clip-higher
     negative_weight: float = 1.0  # scale of negative advantages (1: GRPO; 0: only the better-than-average pull)
     norm_by_std: bool = True      # GRPO's advantage; False: Dr. GRPO (mean-centred only)
+    call_cost: float = 0.0        # efficiency shaping: a success of n calls counts (1 - call_cost)**(n-1)
     keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
     precision: str = "auto"       # bf16 only where the CPU has native bfloat16 (60x slower emulated on AVX2)
@@ -57,6 +58,9 @@ class GrpoRecipe:
         if not 0 <= self.negative_weight <= 1:
             raise RecipeError(f"--negative-weight {self.negative_weight}: a scale of negative advantages in [0, 1] "
                               "(1: GRPO, 0: positive advantages only)")
+        if not 0 <= self.call_cost < 1:
+            raise RecipeError(f"--call-cost {self.call_cost}: the share of the reward each model call after the "
+                              "first costs, in [0, 1) (0: the verifier's reward as it is; e.g. 0.1)")
         if self.lora_rank < 0:
             raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
         if self.precision not in ("auto", "bf16", "fp32"):

@@ -226,3 +226,29 @@ def test_verify_catches_changed_file_and_changed_store_row(store, tmp_path):
     assert not res["ok"] and res["problems"][0].startswith("samples-*.parquet: re-derived from the store, the rows "
                                                           "differ: 0 missing from the files, 0 extra in the files, "
                                                           "2 changed: advantage, reward (first: d1#0)")
+
+
+def test_call_cost_shapes_advantages_by_calls_never_pays_failures(store, tmp_path):
+    """Efficiency shaping: of two successes the one with fewer model calls gets the larger advantage; a failure's
+    zero reward stays zero however few calls it made; the manifest keeps the setting and verify re-derives it."""
+    store.register_task("t1", source="gen", verifier_hash="vh")
+    store.register_harness("h", "1")
+    store.register_policy_version("p1", model_name="m", global_step=1)
+    store.create_group("g", task_id="t1", target_size=3, policy_version_id="p1")
+    _rollout(store, "short", "g", 1.0, turns=1)
+    _rollout(store, "long", "g", 1.0, turns=4)
+    _rollout(store, "quit", "g", 0.0, outcome="failure", turns=1)
+    plain = export(store, tmp_path / "plain", ExportConfig(format="verl"))
+    shaped = export(store, tmp_path / "shaped", ExportConfig(format="verl", call_cost=0.1))
+    adv = lambda d: dict(zip(*[pd.read_parquet(tmp_path / d / "trajectories-00000.parquet")[c]  # noqa: E731
+                               for c in ("rollout_id", "advantage")]))
+    a, b = adv("plain"), adv("shaped")
+    assert a["short"] == pytest.approx(a["long"]) and a["quit"] < 0
+    rewards = [1.0, 0.9 ** 3, 0.0]   # by hand: reward * (1 - 0.1) ** (calls - 1)
+    expect = group_advantages(rewards, GrpoConfig()).advantages
+    assert [b["short"], b["long"], b["quit"]] == pytest.approx(expect)
+    assert b["short"] > b["long"] > 0 > b["quit"]
+    assert shaped["config"]["call_cost"] == 0.1 and "call_cost" not in plain["config"]
+    assert verify(tmp_path / "shaped" / "manifest.json", store)["ok"]
+    with pytest.raises(ValueError, match="call_cost=1.0"):
+        ExportConfig(call_cost=1.0)
