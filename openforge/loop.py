@@ -5,7 +5,7 @@ Every phase goes through the platform's own parts, so the loop is also their int
 
 1. tasks: generated families (``rollout.generate_tasks``: ``files``, ``check``, ``recover``, ``plan``), a train and
    a held-out split per family by seed; the first ``demo_tasks`` train tasks (evenly over the families) are the ones
-   the teacher demonstrates, GRPO draws from every train task;
+   the teacher demonstrates, GRPO draws from every train task, the undemonstrated ones first;
 2. the engine (vLLM on the CPU, ``proxy.engines.VllmServer``) serves the base model behind a recording proxy; the
    base is evaluated on the held-out split (rollouts marked ``eval``, greedy decoding);
 3. a teacher solves the demonstration tasks with the same harness, through a second recording proxy in front of a
@@ -150,9 +150,9 @@ class LearningLoop:
             val = [t for t in train if t not in demos][:self.cfg.sft_val_tasks]
             sft, sft_shard = self._phase("sft", self._sft, teacher_run, val)
             self._phase(f"eval {sft}", self._evaluate, sft, heldout)
-            current, t0 = sft, time.monotonic()
+            current, t0, pool = sft, time.monotonic(), grpo_pool(train, demos)
             for r in range(1, self.cfg.recipe.rounds + 1):
-                current = self._phase(f"grpo round {r}", self._grpo_round, r, current, train)
+                current = self._phase(f"grpo round {r}", self._grpo_round, r, current, pool)
             self.report.grpo_seconds = time.monotonic() - t0
             if current != sft:
                 self._phase(f"eval {current}", self._evaluate, current, heldout)
@@ -267,9 +267,7 @@ class LearningLoop:
         from learner import ExportConfig, TrainError, export
 
         recipe = self.cfg.recipe
-        k = recipe.tasks_per_round
-        start = ((r - 1) * k) % len(train)
-        tasks = (train[start:] + train[:start])[:k]
+        tasks = round_tasks(train, r, recipe.tasks_per_round)
         summary = self.session.rollouts(tasks, purpose="train", group_size=recipe.group_size,
                                         temperature=recipe.temperature, name=f"grpo round {r} {current}")
         rate = _rate(summary)
@@ -314,6 +312,19 @@ class LearningLoop:
                            f"({res.step.get('epochs')} more epochs) against GRPO's {budget} s")
         self.report.switches.append(self.session.switch(res))
         return version
+
+
+def grpo_pool(train: list, demos: list) -> list:
+    """The order GRPO rounds draw train tasks in: first those the teacher did not demonstrate (new instances, where
+    the policy has to generalise as on held-out tasks, and where SFT's memory of a demonstration does not make all
+    of a group succeed alike), then the demonstrated ones; each part keeps the families interleaved."""
+    return [t for t in train if t not in demos] + [t for t in train if t in demos]
+
+
+def round_tasks(pool: list, r: int, k: int) -> list:
+    """Round ``r``'s ``k`` tasks (one group each): the next ``k`` of the pool, going round it."""
+    start = ((r - 1) * k) % len(pool)
+    return (pool[start:] + pool[:start])[:k]
 
 
 def _rate(summary) -> Rate:

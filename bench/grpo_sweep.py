@@ -1,0 +1,130 @@
+"""GRPO recipes side by side from one SFT version, on a validation generation: which recipe moves held-out success?
+
+``bench/learning_curve.py`` pays for base evaluation, demonstrations and SFT on every run; tuning the GRPO recipe
+there costs 20-30 minutes a try. This bench starts from a folder ``bench/sft_plateau.py --keep DIR`` left (its
+store, its SFT versions ``sft-epochN`` and their held-out evaluations on seed 100), serves the chosen epoch's
+checkpoint, and for each recipe: switches the engine back to that SFT version, runs the recipe's GRPO rounds on the
+train split of another generation (``--pool-seed``, 101 by default: new task instances no demonstration showed, as the
+loop's undemonstrated train tasks), evaluates the last version greedily on the same held-out tasks as the SFT
+version, and compares the two paired by task (``learner.compare_tasks``: success and every rubric, 95% bootstrap
+intervals). Seeds 100 and 101 are none of ``bench/learning_curve.py``'s (0-2), so a recipe chosen here is not fitted
+to the tasks the loop reports on.
+
+Usage: python bench/grpo_sweep.py --from DIR --epoch N [--pool-seed 101] [--pool-tasks 48]
+       --recipe "temperature=0.8,negative_weight=0,call_cost=0.1" [--recipe ...]
+A recipe is ``GrpoRecipe`` fields (``openforge/loop_recipe.py``) as ``name=value`` pairs. Prints one line per recipe,
+then as its LAST line one JSON object: ``sft`` (version, success) and ``recipes`` (per recipe: its fields, the final
+version, success, final_minus_sft with its interval and McNemar p, the rubrics whose interval excludes 0, minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse_recipe(text: str):
+    from openforge.loop_recipe import GrpoRecipe
+
+    fields = {f.name: f for f in dataclasses.fields(GrpoRecipe)}
+    kw = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--recipe {text!r}: unknown field {name!r}; the fields are {', '.join(fields)}")
+        kind = type(getattr(GrpoRecipe(), name))
+        kw[name] = (value.lower() in ("1", "true", "yes")) if kind is bool else (
+            None if value == "none" else (kind(value) if kind in (int, float, str) else float(value)))
+    recipe = GrpoRecipe(**kw)
+    recipe.check()
+    return recipe
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="home", type=Path, required=True, help="a folder bench/sft_plateau.py --keep left")
+    ap.add_argument("--epoch", type=int, required=True, help="the SFT epoch every recipe starts from")
+    ap.add_argument("--seed", type=int, default=100, help="the generation sft_plateau evaluated on")
+    ap.add_argument("--pool-seed", type=int, default=101)
+    ap.add_argument("--pool-tasks", type=int, default=48)
+    ap.add_argument("--heldout-tasks", type=int, default=48)
+    ap.add_argument("--recipe", action="append", required=True)
+    ap.add_argument("--n-boot", type=int, default=4000)
+    args = ap.parse_args(argv)
+    recipes = [parse_recipe(r) for r in args.recipe]
+    os.environ["OPENFORGE_HOME"] = str(args.home)
+    doc = run(args, recipes)
+    print(json.dumps(doc))
+    return 0
+
+
+def run(args, recipes) -> dict:
+    from rich.console import Console
+
+    from learner import TrainResult, compare_tasks, version_tasks
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_session import Session
+
+    console = Console(stderr=True, width=160)
+    home, sft = args.home, f"sft-epoch{args.epoch}"
+    checkpoint = home / "checkpoints" / sft
+    if not checkpoint.is_dir():
+        raise SystemExit(f"--epoch {args.epoch}: no checkpoint {checkpoint}; run bench/sft_plateau.py --keep {home} "
+                         f"--epochs {args.epoch} or more first")
+    base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
+                          demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
+    _, _, heldout = LearningLoop(base_cfg, console)._tasks()
+    pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
+                                   heldout_tasks=4)
+    pool, _, _ = LearningLoop(pool_cfg, console)._tasks()
+    out = {"sft": {"version": sft}, "recipes": []}
+    with ExitStack() as stack:
+        holder = LearningLoop(base_cfg, console)
+        s = Session(base_cfg, console, stack, holder.report)
+        s.start()
+        sft_tasks = version_tasks(s.store, sft, purpose="eval")
+        if not sft_tasks:
+            raise SystemExit(f"{sft} has no evaluation in {home}'s store")
+        out["sft"]["success"] = sum(a.passed for a in sft_tasks.values()) / sum(a.n for a in sft_tasks.values())
+        for i, recipe in enumerate(recipes):
+            t0 = time.monotonic()
+            cfg = dataclasses.replace(base_cfg, recipe=recipe, tag=f"sweep{int(time.time())}-{i}")
+            loop = LearningLoop(cfg, console)
+            loop.session = s
+            s.cfg, s.report = cfg, loop.report
+            s.switch(TrainResult(sft, None, checkpoint, {}))
+            loop._add(sft, None, "sft")
+            current = sft
+            for r in range(1, recipe.rounds + 1):
+                current = loop._grpo_round(r, current, pool)
+            if current == sft:
+                out["recipes"].append({"recipe": recipe.as_dict(), "final": None, "notes": loop.report.notes})
+                continue
+            loop._evaluate(current, heldout)
+            final_tasks = version_tasks(s.store, current, purpose="eval", run_ids=[loop.report.eval_runs[current]])
+            diffs = compare_tasks(sft_tasks, final_tasks, n_boot=args.n_boot)
+            success = next(d for d in diffs if d.metric == "success_rate")
+            moved = [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]
+            row = {"recipe": recipe.as_dict(), "final": current, "success": success.b,
+                   "final_minus_sft": success.diff, "ci95": list(success.ci95) if success.ci95 else None,
+                   "p": success.p_value, "ratios": loop.report.ratios, "moved": moved,
+                   "minutes": round((time.monotonic() - t0) / 60, 2), "notes": loop.report.notes}
+            out["recipes"].append(row)
+            console.print(f"[bold]recipe {i}[/] {args.recipe[i]}: {sft} {success.a:.3f} -> {current} {success.b:.3f}, "
+                          f"diff {success.diff:+.3f} {row['ci95']} p {success.p_value}; moved: "
+                          f"{', '.join(m['metric'] for m in moved) or 'nothing'} ({row['minutes']} min)")
+            print(json.dumps(row), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
