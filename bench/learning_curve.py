@@ -23,6 +23,8 @@ Targets (issue 36): pooled final - SFT >= 0.15 with the interval's lower end abo
 > 0; pooled final - base >= 0.5; minutes <= 30 per seed; importance ratio in [0.99, 1.01]; a rubric other than
 success whose interval excludes 0.
 
+SFT runs ``SFT_PLATEAU_EPOCHS`` epochs unless the demo options name ``--sft-epochs`` or ``--sft-stage-epochs``.
+
 Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0] [--keep DIR] [-- DEMO OPTIONS ...]
 With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
 back instead of re-running them (so seeds can be run one at a time and pooled at the end).
@@ -42,6 +44,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ROLES = ("base", "sft", "final", "sft_extended")
+# SFT's length unless the options say otherwise: where held-out success stops rising on these demonstrations.
+# bench/sft_plateau.py on the validation generation (seed 100, lr 1e-4, 2026-12-03): 8, 11, 15, 13, 23, 19, 24, 21,
+# 23 of 48 after epochs 1-9; epoch 5 is the first that no later epoch beats by more than one task. The demo's own
+# default (3 epochs) is short of it and would hand GRPO a weakened baseline.
+SFT_PLATEAU_EPOCHS = 5
 PAIRS = {"final_minus_sft": ("sft", "final"), "final_minus_sft_extended": ("sft_extended", "final"),
          "final_minus_base": ("base", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
 
@@ -173,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: options for openforge demo")
     args = ap.parse_args(argv)
     demo_args = [a for a in args.demo_args if a != "--"]
+    if not any(a.split("=")[0] in ("--sft-epochs", "--sft-stage-epochs") for a in demo_args):
+        demo_args = ["--sft-epochs", str(SFT_PLATEAU_EPOCHS), *demo_args]
     root = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
     per_seed = []
     try:

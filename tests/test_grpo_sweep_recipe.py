@@ -1,0 +1,30 @@
+"""bench/grpo_sweep.py's ``--recipe`` language: GrpoRecipe fields as name=value pairs, typed by the field, checked by
+the recipe's own rules; an unknown field names the fields there are."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from openforge.loop_recipe import GrpoRecipe, RecipeError
+
+_spec = importlib.util.spec_from_file_location("grpo_sweep", Path(__file__).parents[1] / "bench" / "grpo_sweep.py")
+sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sweep)
+
+
+def test_fields_take_their_types_and_the_rest_keep_defaults():
+    r = sweep.parse_recipe("rounds=1, temperature=0.8,negative_weight=0,call_cost=0.1,batch_size=none,"
+                           "keep_optimizer=false")
+    assert (r.rounds, r.temperature, r.negative_weight, r.call_cost, r.batch_size, r.keep_optimizer) == \
+        (1, 0.8, 0.0, 0.1, None, False)
+    assert r.lr == GrpoRecipe().lr and isinstance(r.rounds, int)
+
+
+def test_unknown_field_and_out_of_range_value_are_refused():
+    with pytest.raises(SystemExit, match="unknown field 'temp'.*temperature"):
+        sweep.parse_recipe("temp=0.8")
+    with pytest.raises(RecipeError, match="--call-cost 1.5"):
+        sweep.parse_recipe("call_cost=1.5")
