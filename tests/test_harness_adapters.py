@@ -14,7 +14,8 @@ from rollout._task import load_task
 from tests.rollout_fixtures import EXAMPLES
 
 TASK = "files-config-to-json"
-SURFACE = {"react": "chat.completions", "mini-swe-agent": "chat.completions", "codex": "responses", "claude-code": "messages"}
+SURFACE = {"react": "chat.completions", "mini-swe-agent": "chat.completions", "codex": "responses", "claude-code": "messages",
+           "gemini-cli": "gemini"}
 
 
 def _plan(name: str, solve: str) -> list:
@@ -22,6 +23,8 @@ def _plan(name: str, solve: str) -> list:
         return [ToolCalls([ToolCall("exec_command", {"cmd": solve})]), Text("Done.")]
     if name == "claude-code":
         return [ToolCalls([ToolCall("Bash", {"command": solve, "description": "write config.json"})]), Text("Done.")]
+    if name == "gemini-cli":
+        return [ToolCalls([ToolCall("run_shell_command", {"command": solve})]), Text("Done.")]
     if name == "mini-swe-agent":   # mini runs actions with /bin/sh (dash): hand the bash script to bash
         script = f"bash <<'OPENFORGE_SOLVE'\n{solve}\nOPENFORGE_SOLVE"
         return [ToolCalls([ToolCall("bash", {"command": script})]),
@@ -30,7 +33,7 @@ def _plan(name: str, solve: str) -> list:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["react", "mini-swe-agent", "codex", "claude-code"])
+@pytest.mark.parametrize("name", ["react", "mini-swe-agent", "codex", "claude-code", "gemini-cli"])
 def test_adapter_end_to_end(forge, name):
     harness = get_harness(name)
     if not harness.is_installed():
