@@ -61,7 +61,10 @@ class Gemini(WireProtocol):
     @guarded
     def translate(self, body: dict, dialect: str, rollout_id: str | None) -> Translation:
         req, notes = getattr(self, "_req", None) or request(body), {}
-        messages = chat_messages(req)
+        messages = chat_messages(req, notes)
+        if not messages:  # only signature parts: nothing to prompt with
+            raise bad_request("contents: no text, image or function part to send; send at least one", "contents",
+                              "missing_contents")
         tools = chat_tools(req.get("tools") or [], notes)
         up, _ = openai_chat.prepare(chat_request(req, self.model, messages, tools, self.stream, notes), dialect)
         thinking = req["generationConfig"].get("thinkingConfig")
@@ -106,7 +109,7 @@ class Gemini(WireProtocol):
             raise bad_request("countTokens: send contents or generateContentRequest, not both", "contents",
                               "invalid_request")
         req = request(inner)
-        tokenize = {"messages": chat_messages(req), "add_generation_prompt": True}
+        tokenize = {"messages": chat_messages(req, {}), "add_generation_prompt": True}
         if tools := chat_tools(req.get("tools") or [], {}):
             tokenize["tools"] = tools
         return tokenize

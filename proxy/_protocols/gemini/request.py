@@ -11,7 +11,8 @@ a ``tool`` message (its ``response`` object as JSON text), in order; ``model`` c
 (``thought`` text as ``reasoning_content``, ``functionCall`` as ``tool_calls``). Gemini function calls need not carry
 ids; chat tool calls must: a call without one gets ``call_{content}_{part}`` (stable from turn to turn, so the prompt
 of the next call extends this one) and a ``functionResponse`` without one answers the earliest unanswered call of its
-name.
+name. Part keys with no chat equivalent (Google's opaque ``thoughtSignature``, a call's ``willContinue``, an image's
+``displayName``) are listed in the call's metadata as ``part_keys_not_forwarded``.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def request(body: dict) -> dict:
 
 
 # ---- contents ---------------------------------------------------------------------------------------------------
-def _image(part: dict, key: str, where: str) -> dict:
+def _image(part: dict, key: str, where: str, reader: _Reader) -> dict:
     data = fields(part[key], ("mimeType", "data", "fileUri", "displayName"), f"{where}.{key}")
+    reader.skip(data, {"mimeType", "data", "fileUri"}, key + ".")
     mime = data.get("mimeType") or ""
     if not str(mime).lower().startswith("image/"):
         raise bad_request(f"{where}.{key}: mimeType {mime!r} is not an image; a chat-completions engine takes text "
@@ -120,8 +122,9 @@ def _standard_base64(data: str) -> str:
 
 def _parts(content, where: str) -> list[dict]:
     parts = content.get("parts")
-    if not isinstance(parts, list):
-        raise bad_request(f"{where}.parts: required: a list of Part objects", "contents", "invalid_contents")
+    if not isinstance(parts, list) or not parts:
+        raise bad_request(f"{where}.parts: required: a non-empty list of Part objects (contents.parts must not be "
+                          "empty)", "contents", "invalid_contents")
     return [fields(p, _PART, f"{where}.parts[{j}]") for j, p in enumerate(parts)]
 
 
@@ -131,11 +134,20 @@ def _unsupported(part: dict, where: str):
                       "inlineData images, functionCall or functionResponse parts", "contents", "unsupported_content")
 
 
-class _Calls:
-    """The function calls of the conversation so far, to give each ``functionResponse`` its call's id."""
+class _Reader:
+    """What reading the contents keeps: the function calls so far (to give each ``functionResponse`` its call's id)
+    and the part keys that have no chat equivalent (``notes["part_keys_not_forwarded"]``, by name: Google's
+    ``thoughtSignature``, a call's ``willContinue``, ...), so that nothing is dropped without a word."""
 
-    def __init__(self):
+    def __init__(self, notes: dict):
         self.open: list[tuple[str, str]] = []  # (id, name) not yet answered, oldest first
+        self.notes = notes
+
+    def skip(self, obj: dict, used: set[str], prefix: str = "") -> None:
+        for key in obj.keys() - used:
+            skipped = self.notes.setdefault("part_keys_not_forwarded", [])
+            if prefix + key not in skipped:
+                skipped.append(prefix + key)
 
     def call(self, call: dict, i: int, j: int) -> dict:
         call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{i}_{j}"
@@ -155,16 +167,17 @@ class _Calls:
                           "unmatched_function_response")
 
 
-def _function(part: dict, key: str, where: str) -> dict:
+def _function(part: dict, key: str, where: str, reader: _Reader) -> dict:
     known = ("id", "name", "args", "partialArgs", "willContinue") if key == "functionCall" else (
         "id", "name", "response", "parts", "willContinue", "scheduling")
     fn = fields(part[key], known, f"{where}.{key}")
+    reader.skip(fn, {"id", "name", "args" if key == "functionCall" else "response"}, key + ".")
     if not isinstance(fn.get("name"), str) or not fn["name"]:
         raise bad_request(f"{where}.{key}.name: required: the function's name", "contents", "invalid_contents")
     return fn
 
 
-def _user(parts: list[dict], where: str, calls: _Calls) -> list[dict]:
+def _user(parts: list[dict], where: str, reader: _Reader) -> list[dict]:
     out, chat = [], []
     for j, p in enumerate(parts):
         at = f"{where}.parts[{j}]"
@@ -172,13 +185,17 @@ def _user(parts: list[dict], where: str, calls: _Calls) -> list[dict]:
             if chat:
                 out.append({"role": "user", "content": _content(chat)})
                 chat = []
-            resp = _function(p, "functionResponse", at)
-            out.append({"role": "tool", "tool_call_id": calls.answer(resp, at),
+            resp = _function(p, "functionResponse", at, reader)
+            out.append({"role": "tool", "tool_call_id": reader.answer(resp, at),
                         "content": orjson.dumps(resp.get("response") or {}).decode()})
+            reader.skip(p, {"functionResponse"})
         elif "text" in p:
             chat.append({"type": "text", "text": p["text"] if isinstance(p["text"], str) else ""})
+            reader.skip(p, {"text"})
         elif "inlineData" in p or "fileData" in p:
-            chat.append(_image(p, "inlineData" if "inlineData" in p else "fileData", at))
+            key = "inlineData" if "inlineData" in p else "fileData"
+            chat.append(_image(p, key, at, reader))
+            reader.skip(p, {key})
         else:
             _unsupported(p, at)
     if chat:
@@ -186,16 +203,18 @@ def _user(parts: list[dict], where: str, calls: _Calls) -> list[dict]:
     return out
 
 
-def _model(parts: list[dict], where: str, calls: _Calls, i: int) -> dict:
+def _model(parts: list[dict], where: str, reader: _Reader, i: int) -> dict:
     msg: dict = {"role": "assistant", "content": None}
     text, thinking, tool_calls = [], [], []
     for j, p in enumerate(parts):
         if "functionCall" in p:
-            tool_calls.append(calls.call(_function(p, "functionCall", f"{where}.parts[{j}]"), i, j))
+            tool_calls.append(reader.call(_function(p, "functionCall", f"{where}.parts[{j}]", reader), i, j))
+            reader.skip(p, {"functionCall"})
         elif "text" in p:
             (thinking if p.get("thought") else text).append(p["text"] if isinstance(p["text"], str) else "")
+            reader.skip(p, {"text", "thought"})
         elif set(p) <= {"thought", "thoughtSignature"}:
-            continue  # a signature-only part: Google's opaque thought state, nothing a local engine reads
+            reader.skip(p, set())  # Google's opaque thought state: nothing a local engine reads
         else:
             _unsupported(p, f"{where}.parts[{j}]")
     if text:
@@ -211,7 +230,7 @@ def _content(parts: list[dict]):
     return parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
 
 
-def system_message(instruction) -> list[dict]:
+def system_message(instruction, reader: _Reader) -> list[dict]:
     if instruction is None:
         return []
     if isinstance(instruction, str):
@@ -222,12 +241,14 @@ def system_message(instruction) -> list[dict]:
     for j, p in enumerate(parts):
         if "text" not in p:
             _unsupported(p, f"systemInstruction.parts[{j}]")
+        reader.skip(p, {"text"})
         chat.append({"type": "text", "text": p["text"] if isinstance(p["text"], str) else ""})
     return [{"role": "system", "content": "".join(c["text"] for c in chat)}] if chat else []
 
 
-def chat_messages(req: dict) -> list[dict]:
-    out, calls = system_message(req.get("systemInstruction")), _Calls()
+def chat_messages(req: dict, notes: dict) -> list[dict]:
+    reader = _Reader(notes)
+    out = system_message(req.get("systemInstruction"), reader)
     for i, content in enumerate(req["contents"]):
         where = f"contents[{i}]"
         c = fields(content, _CONTENT, where)
@@ -236,7 +257,7 @@ def chat_messages(req: dict) -> list[dict]:
             raise bad_request(f"{where}.role: {role!r} is not 'user' or 'model'", "contents", "invalid_role")
         parts = _parts(c, where)
         if role == "model":
-            out.append(_model(parts, where, calls, i))
+            out.append(_model(parts, where, reader, i))
         else:
-            out += _user(parts, where, calls)
+            out += _user(parts, where, reader)
     return out
