@@ -110,6 +110,9 @@ def _tool_choice(config, notes: dict):
 
 
 def _response_format(gen: dict):
+    if gen.get("responseJsonSchema") is not None and gen.get("responseSchema") is not None:
+        raise bad_request("generationConfig: responseSchema and responseJsonSchema are both set; send one",
+                          "generationConfig.responseJsonSchema", "invalid_value")
     schema = gen.get("responseJsonSchema")
     if schema is None and gen.get("responseSchema") is not None:
         schema = json_schema(gen["responseSchema"])
