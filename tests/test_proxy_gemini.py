@@ -144,7 +144,8 @@ def test_function_calls_without_ids_get_stable_ones_and_responses_find_them(px):
     token = px.register("r1")
     body = {"contents": [
         {"role": "user", "parts": [{"text": "go"}]},
-        {"role": "model", "parts": [{"text": "thinking...", "thought": True}, {"functionCall": {"name": "a", "args": {}}},
+        {"role": "model", "parts": [{"text": "thinking...", "thought": True},
+                                    {"functionCall": {"name": "a", "args": {}}},
                                     {"functionCall": {"name": "b", "args": {"x": 1}}}]},
         {"role": "user", "parts": [{"functionResponse": {"name": "b", "response": {"r": 2}}},
                                    {"functionResponse": {"name": "a", "response": {"r": 1}}}]}],

@@ -1,5 +1,5 @@
-"""Property tests of the Responses, Messages and Gemini translations (hypothesis): for any JSON body, inside the schema or
-not, the request translation gives a request the proxy can forward and record, or the client's 4xx; for any
+"""Property tests of the Responses, Messages and Gemini translations (hypothesis): for any JSON body, inside the
+schema or not, the request translation gives a request the proxy can forward and record, or the client's 4xx; for any
 upstream chat answer or stream, the answer translation gives the client an answer, or an ``UpstreamFailure`` the
 service records and answers as a 502. Never another exception: that would be a 500 (and, after the upstream
 answered, a call left unrecorded)."""

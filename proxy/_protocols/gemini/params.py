@@ -94,8 +94,8 @@ def _tool_choice(config, notes: dict):
                  "toolConfig")
     for key in sorted(set(cfg) - {"functionCallingConfig"}):
         notes.setdefault("not_forwarded", []).append(f"toolConfig.{key}")
-    fcc = fields(cfg.get("functionCallingConfig") or {}, ("mode", "allowedFunctionNames", "streamFunctionCallArguments"),
-                 "toolConfig.functionCallingConfig")
+    fcc = fields(cfg.get("functionCallingConfig") or {},
+                 ("mode", "allowedFunctionNames", "streamFunctionCallArguments"), "toolConfig.functionCallingConfig")
     mode = str(fcc.get("mode") or "AUTO").upper()
     if mode not in _MODES:
         raise bad_request(f"toolConfig.functionCallingConfig.mode: {fcc['mode']!r} is not one of "

@@ -67,11 +67,13 @@ class Gemini(WireProtocol):
                               "missing_contents")
         tools = chat_tools(req.get("tools") or [], notes)
         up, _ = openai_chat.prepare(chat_request(req, self.model, messages, tools, self.stream, notes), dialect)
-        thinking = req["generationConfig"].get("thinkingConfig")
-        thoughts = bool(isinstance(thinking, dict) and (thinking.get("includeThoughts")
-                                                        or thinking.get("include_thoughts")))
+        thinking = req["generationConfig"].get("thinkingConfig")  # checked by chat_request: an object
+        thoughts = bool(thinking and (thinking.get("includeThoughts") or thinking.get("include_thoughts")))
         turn = Turn(self.model, uuid.uuid4().hex[:24], thoughts, self.sse)
-        params = {"model": self.model, **{k: v for k, v in req.items() if k not in PROMPT_FIELDS}}
+        params = {k: v for k, v in req.items() if k not in PROMPT_FIELDS}
+        if "model" in params:  # the path names the model, as Google reads it; the body's is kept beside it
+            notes["model_in_body"] = params.pop("model")
+        params["model"] = self.model
         return Translation(messages, tools or None, up, turn, params, self.stream, notes)
 
     @answer_guarded

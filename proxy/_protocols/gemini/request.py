@@ -65,7 +65,7 @@ def request(body: dict) -> dict:
     check_body(body)
     req = fields(body, TOP, "")
     if not isinstance(req.get("contents"), list) or not req["contents"]:
-        raise bad_request("contents: required: at least one Content ({\"role\": \"user\", \"parts\": [{\"text\": ...}]})",
+        raise bad_request('contents: required: at least one Content ({"role": "user", "parts": [{"text": ...}]})',
                           "contents", "missing_contents")
     req["generationConfig"] = fields(req.get("generationConfig") or {}, GENERATION, "generationConfig")
     for key in ("tools", "safetySettings"):
