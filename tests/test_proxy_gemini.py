@@ -13,7 +13,7 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from proxy.engines.scripted import Text, ToolCall, ToolCalls
+from proxy.engines.scripted import HTTPError, Text, ToolCall, ToolCalls
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 BASH = types.FunctionDeclaration(name="Bash", description="Run a bash command.", parameters=types.Schema(
@@ -235,14 +235,24 @@ def test_errors_take_googles_shape(px, gemini):
     assert px.calls("r1") == []  # refused before anything went upstream
 
 
-def test_an_upstream_error_is_passed_on_in_googles_shape(px, gemini):
-    from proxy.engines.scripted import HTTPError
-    px.up.double.script.extend([HTTPError(503, "engine overloaded")])
+def test_upstream_failures_are_passed_on_in_googles_shape(px, gemini):
+    px.up.double.script.extend([HTTPError(503, "engine overloaded"), HTTPError(500, "engine died", after_chunks=2),
+                                Text("One two three four five six.", disconnect_after=2)])
+    models = gemini(px.register("r1"))
     with pytest.raises(errors.ServerError) as exc:
-        gemini(px.register("r1")).generate_content(model="m", contents="hi")
+        models.generate_content(model="m", contents="hi")
     assert exc.value.code == 503 and exc.value.status == "UNAVAILABLE" and "engine overloaded" in exc.value.message
-    (call,) = px.calls("r1")
-    assert call.error_class == "upstream_http_503"
+    for expected in ("engine died", "closed the connection"):  # mid-stream: an error event, last
+        with pytest.raises(errors.APIError, match=expected):
+            list(models.generate_content_stream(model="m", contents="hi"))
+    px.up.server.stop()
+    with pytest.raises(errors.ServerError) as exc:
+        models.generate_content(model="m", contents="hi")
+    assert exc.value.code == 502 and exc.value.status == "UNAVAILABLE"
+    calls = px.calls("r1")
+    assert [c.error_class for c in calls] == ["upstream_http_503", "upstream_stream_error",
+                                              "upstream_unreachable", "upstream_unreachable"]
+    assert calls[2].response["text"].startswith("One")  # what the client was sent is kept
 
 
 def test_what_has_no_chat_knob_is_listed_in_the_metadata(px):
