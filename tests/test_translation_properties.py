@@ -242,3 +242,19 @@ def test_stream_translation_gives_events_or_a_502(name):
         assert all(isinstance(piece, bytes) for piece in out)
 
     check()
+
+
+@pytest.mark.parametrize("name", [*PROTOCOLS, "chat"])
+@pytest.mark.parametrize("bad", [{"delta": {"content": ["x"]}}, {"delta": {"reasoning_content": True}},
+                                 {"delta": {}, "finish_reason": ["stop"]}])
+def test_a_chunk_whose_text_is_not_text_is_the_upstreams_502(name, bad):
+    """Found by the stream property above: such a chunk used to pass ``feed`` and break ``result`` / ``end`` (a 500,
+    the call unrecorded); now ``feed`` refuses it, and the relay still gives a result and an end."""
+    protocol, tr = _asked(name, True)
+    relay = protocol.relay(tr.wants)
+    with pytest.raises(UpstreamFailure) as exc:
+        relay.feed(b"data: " + orjson.dumps({"choices": [{"index": 0, **bad}]}))
+    assert exc.value.status == 502 and exc.value.error_class == "upstream_protocol"
+    relay.failure(exc.value)
+    relay.result()
+    assert isinstance(relay.end(), bytes)
