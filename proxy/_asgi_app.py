@@ -45,7 +45,8 @@ class ProxyApp:
         return error_reply(exc, self.protocols.error_body(exc, path), self.service.metrics)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and (hit := self.route(scope["path"])) is not None:
+        if scope["type"] == "http" and scope["method"] == "POST" and (
+                hit := self.route(scope["path"], scope.get("query_string", b""))) is not None:
             protocol, path, token = hit
             reply = await self.answer(protocol, path, token, CallHeaders.from_asgi(scope["headers"]), receive)
             if reply is None:

@@ -25,7 +25,7 @@ class ClientGone(Exception):
 class CallHeaders:
     """The request headers a call needs (ASGI gives a list of lower-cased byte pairs; one pass picks these)."""
 
-    token: str | None = None  # Authorization: Bearer ..., else x-api-key
+    token: str | None = None  # Authorization: Bearer ..., else x-api-key (x-goog-api-key: the Gemini API's)
     content_length: str | None = None
 
     @classmethod
@@ -35,7 +35,7 @@ class CallHeaders:
             if name == b"authorization":
                 if value[:7].lower() == b"bearer ":
                     h.token = value[7:].strip().decode("latin-1") or None
-            elif name == b"x-api-key":
+            elif name == b"x-api-key" or name == b"x-goog-api-key":
                 api_key = value.decode("latin-1") or None
             elif name == b"content-length":
                 h.content_length = value.decode("latin-1")

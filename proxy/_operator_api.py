@@ -204,8 +204,8 @@ def _post_route(router: APIRouter, service: ProxyService, route: SideRoute) -> N
         check_body(body)
         return await route.post(service.upstream, body)
 
-    async def by_header(request: Request):
-        return await answer(request, _token_from_headers(request))
+    async def by_header(request: Request):  # or ?key= (the Gemini API's keys may come in the query)
+        return await answer(request, _token_from_headers(request) or request.query_params.get("key"))
 
     async def by_path(token: str, request: Request):
         return await answer(request, token)

@@ -4,7 +4,9 @@ each wire protocol, through the official SDKs over loopback, on the proxy's own 
 from __future__ import annotations
 
 import anthropic
+import httpx
 import openai
+import orjson
 import pytest
 
 from forge_store import Settings
@@ -47,12 +49,24 @@ def _messages(client: anthropic.Anthropic, stream: bool):
     return raw.headers, list(raw.parse()) if stream else raw.parse()
 
 
-SURFACES = {"chat.completions": _chat, "completions": _completions, "responses": _responses, "messages": _messages}
+def _gemini(client: tuple[str, str], stream: bool):
+    url, token = client  # the path names the model and the method; the key comes in Google's header
+    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    r = httpx.post(f"{url}/v1beta/models/m:{method}", headers={"x-goog-api-key": token},
+                   json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    assert r.status_code == 200, r.text
+    return r.headers, [orjson.loads(e[6:]) for e in r.content.split(b"\r\n\r\n") if e] if stream else r.json()
+
+
+SURFACES = {"chat.completions": _chat, "completions": _completions, "responses": _responses, "messages": _messages,
+            "gemini": _gemini}
 
 
 def _client(px, surface: str, token: str):
     if surface == "messages":
         return anthropic.Anthropic(base_url=px.url, api_key=token, max_retries=0)
+    if surface == "gemini":
+        return px.url, token
     return px.client(token)
 
 

@@ -1,5 +1,5 @@
-"""The real harness binaries through the proxy: ``codex exec`` (Responses API) and ``claude -p`` (Messages API),
-each driven by the upstream through one shell tool call and a final answer.
+"""The real harness binaries through the proxy: ``codex exec`` (Responses API), ``claude -p`` (Messages API) and
+``gemini -p`` (Gemini API), each driven by the upstream through one shell tool call and a final answer.
 
 Each run must exit 0, every model call must be in the store with engine token ids, and the tool output the harness
 itself produced must be in the next call's stored prompt. The binaries come from ``make harnesses`` (npm, pinned);
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from proxy.engines.scripted import ScriptedUpstream, Text, ToolCall, ToolCalls, UpstreamServer
+from rollout._harnesses.gemini_cli import settings as gemini_settings
 from tests.proxy_fixtures import ProxyHarness, make_proxy
 
 pytestmark = pytest.mark.e2e
@@ -110,6 +111,19 @@ def run_claude(px: ProxyHarness, token: str, workdir: Path, *, model: str = "moc
                           stdin=subprocess.DEVNULL)
 
 
+def run_gemini(px: ProxyHarness, token: str, workdir: Path, *, model: str = "mock-model", settings: dict | None = None,
+               env: dict[str, str] | None = None, task: str = TASK, timeout: float = TIMEOUT_S):
+    """`gemini -p` through the proxy, with the adapter's pinned settings (``rollout._harnesses.gemini_cli``) updated by
+    ``settings`` (top-level sections replaced) and ``env`` added."""
+    home = workdir.parent / "gemini-home"
+    (home / ".gemini").mkdir(parents=True, exist_ok=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({**gemini_settings(30), **(settings or {})}))
+    cmd = [str(_bin("gemini")), "-p", task, "-m", model, "--yolo", "--output-format", "json"]
+    env = _env(home, GOOGLE_GEMINI_BASE_URL=px.url, GEMINI_API_KEY=token, GEMINI_CLI_NO_RELAUNCH="true", **(env or {}))
+    return subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=timeout, cwd=workdir,
+                          stdin=subprocess.DEVNULL)
+
+
 def check_rollout(px: ProxyHarness, rollout_id: str, surface: str) -> None:
     """Every call recorded token-exact; the harness's own tool output is in the next call's stored prompt."""
     calls = px.calls(rollout_id)
@@ -147,3 +161,15 @@ def test_claude_code_print(e2e_px, harness_upstream, tmp_path):
     result = json.loads(p.stdout)
     assert result["is_error"] is False and result["result"] == FINAL and result["num_turns"] >= 2
     check_rollout(e2e_px, "claude", "messages")
+
+
+def test_gemini_cli_prompt(e2e_px, harness_upstream, tmp_path):
+    harness_upstream.plan("run_shell_command", {"command": f"echo {MARKER}"})
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    p = run_gemini(e2e_px, e2e_px.register("gemini"), workdir)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    result = json.loads(p.stdout[p.stdout.index("{"):])
+    assert result["response"] == FINAL and "error" not in result
+    check_rollout(e2e_px, "gemini", "gemini")
+    assert all(c.streamed and c.model == "mock-model" for c in e2e_px.calls("gemini"))

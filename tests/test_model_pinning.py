@@ -1,13 +1,15 @@
 """The model that answers is the model recorded (issue 32): whatever model name a harness asks for, the upstream
 receives the active policy version's served model, and the store holds both names and the right version; a name the
 operator keeps (``model_map``) is served by its own version and recorded under it. Through the official SDKs of all
-four protocols, against the scripted engine."""
+five protocols, against the scripted engine."""
 
 from __future__ import annotations
 
 
 import anthropic
 import pytest
+from google import genai
+from google.genai import types
 from typer.testing import CliRunner
 
 from openforge.cli import build_app
@@ -23,6 +25,9 @@ def _ask(px, token: str, protocol: str, model: str) -> str:
         msg = anthropic.Anthropic(base_url=px.url, api_key=token, max_retries=0).messages.create(
             model=model, max_tokens=16, messages=USER)
         return msg.model
+    if protocol == "gemini":
+        with genai.Client(api_key=token, http_options=types.HttpOptions(base_url=px.url)) as gemini:
+            return gemini.models.generate_content(model=model, contents="hi").model_version
     client = px.client(token)
     if protocol == "chat":
         return client.chat.completions.create(model=model, messages=USER).model
@@ -36,7 +41,7 @@ def _policy(px, version: str, model: str, activate: bool = True) -> None:
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages"])
+@pytest.mark.parametrize("protocol", ["chat", "completions", "responses", "messages", "gemini"])
 def test_another_model_asked_for_is_served_by_the_active_versions_model(up, tmp_path, protocol):
     with running_proxy(up, tmp_path) as px:
         _policy(px, "policy-a-v1", "policy-a")

@@ -19,13 +19,14 @@ ANTHROPIC = {"messages": [{"role": "user", "content": "Say hello."}], "max_token
 
 
 def test_every_registered_protocol_keeps_the_contract():
-    assert SURFACES == ("chat.completions", "completions", "responses", "messages")
+    assert SURFACES == ("chat.completions", "completions", "responses", "messages", "gemini")
     for surface, by_mode in PROTOCOLS.items():
         assert "translate" in by_mode
         for cls in by_mode.values():
             protocol = cls()
             assert isinstance(protocol, WireProtocol) and protocol.SURFACE == surface
-            assert protocol.PATHS and all(p.startswith("/v1/") for p in protocol.PATHS)
+            paths = protocol.PATHS + protocol.MODEL_PATHS
+            assert paths and all(p.startswith(("/v1/", "/v1beta/")) for p in paths)
             assert protocol.UPSTREAM_PATH.startswith("/v1/")
             assert isinstance(protocol.error_body(ProxyError(400, "no")), dict)
 
@@ -42,13 +43,36 @@ def test_model_calls_are_routed_by_path_and_any_other_path_is_not_a_model_call()
         assert served.route(path) is None, path
 
 
+def test_model_in_path_routes_bind_the_model_the_method_and_the_query():
+    """The Gemini API names the model in the path and may carry its key in the query (issue 32)."""
+    served = protocols()
+    for path, query, model, stream, token in (
+            ("/v1beta/models/gemini-2.5-flash:generateContent", b"", "gemini-2.5-flash", False, None),
+            ("/v1/models/org/model:streamGenerateContent", b"alt=sse&key=k1", "org/model", True, "k1"),
+            ("/r/tok/v1beta/models/m:generateContent", b"key=ignored", "m", False, "tok")):
+        protocol, api_path, got = served.route(path, query)
+        assert (protocol.SURFACE, protocol.model, protocol.stream, got) == ("gemini", model, stream, token)
+        assert api_path == path.removeprefix("/r/tok")
+    assert served.route("/v1beta/models/m:streamGenerateContent", b"alt=sse")[0].sse
+    assert not served.route("/v1beta/models/m:streamGenerateContent")[0].sse  # Google's default: a JSON array
+    for path in ("/v1beta/models/m:countTokens", "/v1beta/models/m:embedContent", "/v1beta/models/:generateContent",
+                 "/v1beta/models/m", "/r//v1beta/models/m:generateContent"):
+        assert served.route(path) is None, path
+    one, two = (served.route("/v1beta/models/a:generateContent")[0] for _ in range(2))
+    assert one is not two  # an instance per call
+
+
 def test_each_path_answers_errors_in_its_protocols_shape():
     served, exc = protocols(), ProxyError(401, "no key", type="authentication_error")
     anthropic = {"type": "error", "error": {"type": "authentication_error", "message": "no key"}}
     for path in ("/v1/messages", "/r/t/v1/messages", "/v1/messages/count_tokens", "/r/t/v1/messages/count_tokens"):
         assert served.error_body(exc, path) == anthropic, path
-    for path in ("/v1/chat/completions", "/r/t/v1/responses", "/v1/completions", "/v1/unknown", "/admin/status"):
+    for path in ("/v1/chat/completions", "/r/t/v1/responses", "/v1/completions", "/v1/unknown", "/admin/status",
+                 "/v1/models/gpt-4"):
         assert served.error_body(exc, path) == exc.openai_body(), path
+    google = {"error": {"code": 401, "message": "no key", "status": "UNAUTHENTICATED"}}
+    for path in ("/v1beta/models/m:generateContent", "/r/t/v1/models/m:countTokens", "/v1beta/models/m:embed"):
+        assert served.error_body(exc, path) == google, path
 
 
 def test_modes_and_paths_are_checked_when_the_proxy_is_built():

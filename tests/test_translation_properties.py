@@ -1,5 +1,5 @@
-"""Property tests of the Responses and Messages translations (hypothesis): for any JSON body, inside the schema or
-not, the request translation gives a request the proxy can forward and record, or the client's 4xx; for any
+"""Property tests of the Responses, Messages and Gemini translations (hypothesis): for any JSON body, inside the
+schema or not, the request translation gives a request the proxy can forward and record, or the client's 4xx; for any
 upstream chat answer or stream, the answer translation gives the client an answer, or an ``UpstreamFailure`` the
 service records and answers as a 502. Never another exception: that would be a 500 (and, after the upstream
 answered, a call left unrecorded)."""
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from proxy._errors import ProxyError, UpstreamFailure
 from proxy._protocols.anthropic_messages import Messages
+from proxy._protocols.gemini import Gemini
 from proxy._protocols.openai_chat import ChatCompletions
 from proxy._protocols.openai_responses import Responses
 
@@ -106,7 +107,36 @@ messages_bodies = obj({"model": text, "max_tokens": st.integers(-1, 4096),
                                                            {"schema": json_values})}),
     "extra_knob": json_values})
 
-PROTOCOLS = {"responses": (Responses, responses_bodies), "messages": (Messages, messages_bodies)}
+# ---- Gemini --------------------------------------------------------------------------------------------------------
+g_part = st.one_of(
+    obj({"text": text}, {"thought": st.booleans(), "thoughtSignature": text}),
+    obj({"inlineData": obj({"mimeType": st.sampled_from(["image/png", "audio/wav", ""]), "data": text})}),
+    obj({"fileData": obj({"mimeType": st.just("image/png"), "fileUri": data_url})}),
+    obj({"functionCall": obj({"name": text}, {"args": json_values, "id": text})}),
+    obj({"function_response": obj({"name": text}, {"response": json_values, "id": text})}),
+    obj({"executableCode": json_values}))
+g_content = obj({"parts": st.lists(g_part, max_size=3)}, {"role": st.sampled_from(["user", "model", "function", "x"])})
+g_schema = obj({"type": st.sampled_from(["OBJECT", "STRING", "object"])},
+               {"properties": st.dictionaries(text, obj({"type": st.sampled_from(["STRING", "INTEGER"])}),
+                                              max_size=2)})
+gemini_bodies = obj({"contents": st.lists(g_content, max_size=4)}, {
+    "systemInstruction": st.one_of(text, obj({"parts": st.lists(obj({"text": text}), max_size=2)})),
+    "tools": st.lists(st.one_of(obj({"functionDeclarations": st.lists(obj({"name": text}, {
+        "description": text, "parameters": g_schema, "parametersJsonSchema": json_values, "behavior": text}),
+        max_size=2)}), obj({"googleSearch": obj({})})), max_size=2),
+    "toolConfig": obj({"functionCallingConfig": obj({}, {"mode": st.sampled_from(["AUTO", "ANY", "NONE", "x"]),
+                                                         "allowedFunctionNames": st.lists(text, max_size=2)})}),
+    "generation_config": obj({}, {
+        "temperature": st.floats(0, 2), "topK": st.integers(0, 99), "maxOutputTokens": st.integers(-1, 9999),
+        "stopSequences": st.lists(text, max_size=2), "candidateCount": st.integers(0, 3),
+        "responseMimeType": st.sampled_from(["application/json", "text/plain", "text/x.enum"]),
+        "responseSchema": g_schema, "responseModalities": st.lists(st.sampled_from(["TEXT", "IMAGE"]), max_size=2),
+        "thinkingConfig": obj({}, {"thinkingBudget": st.integers(-1, 99), "includeThoughts": st.booleans(),
+                                   "thinkingLevel": st.sampled_from(["low", "minimal"])})}),
+    "safetySettings": st.lists(json_values, max_size=2), "cachedContent": text, "extra_knob": json_values})
+
+PROTOCOLS = {"responses": (Responses, responses_bodies), "messages": (Messages, messages_bodies),
+             "gemini": (Gemini, gemini_bodies)}
 
 
 def _translate(protocol, body):
@@ -162,17 +192,26 @@ events = st.lists(st.one_of(chunk.map(lambda c: b"data: " + orjson.dumps(c)), st
 
 CHAT_REQUEST = {"model": "m", "input": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                 "stop_sequences": ["x"]}
+GEMINI_REQUEST = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 5}}
+
+
+def _asked(name: str, stream: bool):
+    """(protocol, translation) of a small request through protocol ``name`` (the Gemini API's streaming is its
+    path's, not its body's)."""
+    if name == "gemini":
+        protocol = Gemini("m", stream)
+        return protocol, protocol.translate(GEMINI_REQUEST, "vllm", "r1")
+    protocol = ChatCompletions() if name == "chat" else PROTOCOLS[name][0]()
+    return protocol, protocol.translate({**CHAT_REQUEST, "stream": stream}, "vllm", "r1")
 
 
 @pytest.mark.parametrize("name", [*PROTOCOLS, "chat"])
 def test_answer_translation_gives_an_answer_or_a_502(name):
-    cls = ChatCompletions if name == "chat" else PROTOCOLS[name][0]
-
     @SETTINGS
     @given(data=st.one_of(answers, answers, answers, st.dictionaries(text, answer_values, max_size=4)))
     def check(data):
-        protocol = cls()
-        wants = protocol.translate(CHAT_REQUEST, "vllm", "r1").wants
+        protocol, tr = _asked(name, False)
+        wants = tr.wants
         try:
             protocol.parse(data)
             orjson.dumps(protocol.answer(data, wants))
@@ -184,13 +223,11 @@ def test_answer_translation_gives_an_answer_or_a_502(name):
 
 @pytest.mark.parametrize("name", [*PROTOCOLS, "chat"])
 def test_stream_translation_gives_events_or_a_502(name):
-    cls = ChatCompletions if name == "chat" else PROTOCOLS[name][0]
-
     @SETTINGS
     @given(stream=events)
     def check(stream):
-        protocol = cls()
-        relay = protocol.relay(protocol.translate({**CHAT_REQUEST, "stream": True}, "vllm", "r1").wants)
+        protocol, tr = _asked(name, True)
+        relay = protocol.relay(tr.wants)
         out = []
         try:
             for event in stream:
@@ -205,3 +242,19 @@ def test_stream_translation_gives_events_or_a_502(name):
         assert all(isinstance(piece, bytes) for piece in out)
 
     check()
+
+
+@pytest.mark.parametrize("name", [*PROTOCOLS, "chat"])
+@pytest.mark.parametrize("bad", [{"delta": {"content": ["x"]}}, {"delta": {"reasoning_content": True}},
+                                 {"delta": {}, "finish_reason": ["stop"]}])
+def test_a_chunk_whose_text_is_not_text_is_the_upstreams_502(name, bad):
+    """Found by the stream property above: such a chunk used to pass ``feed`` and break ``result`` / ``end`` (a 500,
+    the call unrecorded); now ``feed`` refuses it, and the relay still gives a result and an end."""
+    protocol, tr = _asked(name, True)
+    relay = protocol.relay(tr.wants)
+    with pytest.raises(UpstreamFailure) as exc:
+        relay.feed(b"data: " + orjson.dumps({"choices": [{"index": 0, **bad}]}))
+    assert exc.value.status == 502 and exc.value.error_class == "upstream_protocol"
+    relay.failure(exc.value)
+    relay.result()
+    assert isinstance(relay.end(), bytes)

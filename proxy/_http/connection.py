@@ -254,7 +254,8 @@ class ClientConnection(Limited, asyncio.Protocol):
             path = url.path.decode("latin-1")
             if "%" in path:
                 path = urllib.parse.unquote(path)
-            req.target = url, path, self.app.route(path) if req.method == "POST" and not req.upgrade else None
+            hit = self.app.route(path, url.query or b"") if req.method == "POST" and not req.upgrade else None
+            req.target = url, path, hit
         return req.target
 
     async def _serve(self) -> None:

@@ -7,7 +7,9 @@ routes from them. Shared pieces: ``completion`` (the protocol-neutral answer, th
 ``errors`` (a client's 400, an upstream's error message).
 
 Protocols: ``openai_chat`` (``/v1/chat/completions``), ``openai_completions`` (``/v1/completions``),
-``openai_responses/`` (``/v1/responses``), ``anthropic_messages/`` (``/v1/messages`` and its token counting).
+``openai_responses/`` (``/v1/responses``), ``anthropic_messages/`` (``/v1/messages`` and its token counting),
+``gemini/`` (``/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``, the model in the path:
+``MODEL_PATHS``; ``:countTokens``).
 
 Adding a protocol is one module (or folder) with a ``WireProtocol`` subclass and one line in
 ``registry.PROTOCOLS``: the proxy's hot routes, its side routes, the error shape of its paths and the surface name

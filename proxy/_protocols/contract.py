@@ -4,6 +4,9 @@
 A wire protocol is one client API. It declares where it is served and what it is called:
 
 - ``PATHS``: its client paths (each also served under ``/r/{token}``), e.g. ``("/v1/messages",)``;
+- ``MODEL_PATHS``: for an API that names the model in the path (Gemini's ``/v1beta/models/{model}:{method}``), the
+  prefixes before ``{model}:{method}``; ``at(model, method, query)`` then gives the protocol that serves one such
+  call (or None: no model call) and the API key its query carries;
 - ``SURFACE``: the API surface recorded on each call, e.g. ``"messages"``;
 - ``UPSTREAM_PATH``: the upstream path it posts to (``/v1/chat/completions`` when it translates, to stay
   token-exact);
@@ -90,6 +93,7 @@ class WireProtocol(Protocol):
     PATHS: ClassVar[tuple[str, ...]]
     SURFACE: ClassVar[str]
     UPSTREAM_PATH: ClassVar[str]
+    MODEL_PATHS: ClassVar[tuple[str, ...]] = ()
 
     def validate(self, body: dict) -> None: ...
     def translate(self, body: dict, dialect: str, rollout_id: str | None) -> Translation: ...
@@ -99,6 +103,11 @@ class WireProtocol(Protocol):
 
     def ids_as_text(self, wants: Any) -> bool:
         return False
+
+    def at(self, model: str, method: str, query: bytes) -> tuple[WireProtocol, str | None] | None:
+        """For a protocol with ``MODEL_PATHS``: (the protocol serving a call to ``{prefix}{model}:{method}?{query}``,
+        the API key in the query or None); None when ``method`` is no model call of this API."""
+        return None
 
     def recall(self, body: dict, rollout_id: str | None) -> Awaitable[None] | None:
         """What to await before ``translate`` (state kept elsewhere: another proxy replica's Responses memory);

