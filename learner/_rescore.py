@@ -172,11 +172,11 @@ def rescore(store: Store, version: str, *, python: Path | None = None, scorer: s
     if limit is not None:
         todo = todo[:limit]
     say = progress or (lambda _: None)
-    if served:
+    if served and todo:   # a run with nothing left to score asks no server
         engine = (served_scorer.from_proxy(proxy, admin_token, version, row.get("model_name"), served_model)
                   if proxy else served_scorer.connect(engines, version, row.get("model_name"), served_model))
         res.lineage = {**engine.lineage, "checkpoint_hash": row.get("checkpoint_hash")}
-    else:
+    elif not served:
         res.lineage = {"checkpoint_id": str(path), "checkpoint_hash": row.get("checkpoint_hash"),
                        "weights_sha256": weights_sha256(path), "scorer": scorer}
     say(f"{sel.what}: {res.selected_calls} calls, {res.already} already re-scored under {version} by {scorer}, "
@@ -199,10 +199,7 @@ def _run_served(engine: served_scorer.Served, todo: Sequence[TokenCall], sink: S
         for call, logprobs in served_scorer.scores(engine, todo, concurrency):
             sink.add(call, logprobs)
     except RescoreError as exc:
-        try:
-            sink.write()   # what was scored before the error is good: keep it, so that a run again resumes after it
-        except RescoreError:
-            raise exc from None
+        sink.write()   # what was scored before the error is good (a refused batch is gone): a run again resumes after it
         raise RescoreError(f"{exc} ({sink.res.written} re-scores were stored; a run again resumes after them)") \
             from None
     sink.write()

@@ -4,8 +4,10 @@ Each request is ``POST /v1/completions`` with ``prompt`` = the stored token ids 
 store holds them: never re-tokenized), ``max_tokens: 1`` and vLLM's extra parameter ``prompt_logprobs: 0``; the
 answer's ``choices[0].prompt_logprobs`` holds, for every prompt position after the first, ``{token id: {logprob,
 rank, decoded_token}}`` for the token at that position given the ones before it, from which the completion
-positions are read. A few requests are in flight at once (``concurrency``, spread over the engines round-robin);
-the caller writes the results from its own thread (``_rescore_sink``).
+positions are read (vLLM does not read its prefix cache for such a request: every position is computed). A few
+requests are in flight at once (``concurrency``, spread over the engines round-robin); the caller writes the results
+from its own thread (``_rescore_sink``). A call longer than the server's ``max_model_len`` - 1 is refused before any
+request, naming the length to serve with.
 
 As the Hugging Face scorer does, a call whose prompt + completion is a prefix of a longer call of the same rollout
 (an agent's next turn) is read from that call's answer: one request per rollout chain, not per turn.

@@ -74,6 +74,10 @@ class Sink:
         if not self.batch:
             return
         if self.before_write is not None:
-            self.before_write()
+            try:
+                self.before_write()
+            except RescoreError:
+                self.batch = []   # refused: these scores may not be the version's; never written
+                raise
         self.res.written += record_rescores(self.store, self.batch)
         self.batch = []

@@ -136,21 +136,42 @@ def test_through_the_proxy_its_replicas_score_its_active_version_only(sqlite_sto
             assert px.admin("POST", "/admin/upstreams", json={"url": b.url}).status_code == 200
             r = px.admin("POST", "/admin/policy_versions", json={"id": "v0", "model_name": "m", "activate": True})
             assert r.status_code == 200, r.text
+            r = px.admin("POST", "/admin/policy_versions", json={"id": "v1", "model_name": "m", "activate": False})
+            assert r.status_code == 200, r.text
+            assert px.store.flush(30)
+            with pytest.raises(RescoreError, match=r"serves policy version 'v0', not 'v1': its engine replicas hold "
+                                                   r"the active version's weights only"):
+                rescore(sqlite_store, "v1", scorer="vllm-served", proxy=px.url, admin_token=px.proxy.admin_token)
             with pytest.raises(RescoreError, match="the admin API refused the token"):
                 rescore(sqlite_store, "v0", scorer="vllm-served", proxy=px.url, admin_token="wrong")
             res = rescore(sqlite_store, "v0", scorer="vllm-served", proxy=px.url, admin_token=px.proxy.admin_token)
             assert res.written == 2 and res.lineage["proxy"] == px.url
             assert sorted(res.lineage["engine_urls"]) == sorted([a.url, b.url])
-
-            r = px.admin("POST", "/admin/policy_versions", json={"id": "v1", "model_name": "m", "activate": True})
-            assert r.status_code == 200, r.text
-            with pytest.raises(RescoreError, match=r"serves policy version 'v1', not 'v0': its engine replicas hold "
-                                                   r"the active version's weights only"):
-                rescore(sqlite_store, "v0", scorer="vllm-served", proxy=px.url, admin_token=px.proxy.admin_token,
-                        rollout_id="ra")
+            assert a.requests and not b.requests or b.requests and not a.requests   # one chain: one request
+            assert rescores(sqlite_store, policy_version_id="v1") == []
         finally:
             serve.stop()
             px.store.close()
+
+
+def test_a_weight_switch_during_the_rescore_refuses_the_batch_it_could_touch(sqlite_store, tmp_path):
+    from tests.proxy_fixtures import Up, make_proxy
+
+    switch = {}
+    with PromptLogprobServer(before_answer=lambda _: switch["to"]()) as engine:
+        px, serve = make_proxy(Up(double=None, url=engine.url, server=None), tmp_path,
+                               store_url=str(sqlite_store.engine.url))
+        try:
+            r = px.admin("POST", "/admin/policy_versions", json={"id": "v0", "model_name": "m", "activate": True})
+            assert r.status_code == 200, r.text
+            switch["to"] = lambda: px.admin("POST", "/admin/policy_versions", json={"id": "v1", "model_name": "m"})
+            with pytest.raises(RescoreError, match=r"serves policy version 'v1', not 'v0'.* \(0 re-scores were stored"):
+                rescore(sqlite_store, "v0", scorer="vllm-served", proxy=px.url, admin_token=px.proxy.admin_token,
+                        batch=1)
+        finally:
+            serve.stop()
+            px.store.close()
+    assert rescores(sqlite_store) == []
 
 
 def test_rescore_command_with_engine(sqlite_store, tmp_path):

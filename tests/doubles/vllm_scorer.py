@@ -8,7 +8,8 @@ It answers what the scorer asks, in vLLM 0.32's shapes: `GET /v1/models` (`id`, 
 `logprob(previous id, id)`, a fixed function, so a test knows every expected value. Errors are vLLM's JSON
 (`{"error": {"message", "type", "code"}}`): 404 for a model it does not serve, 400 for a prompt longer than
 `max_model_len`. Knobs for the failure paths: `fail_after` (answers 500 once that many completions were served),
-`short` (drops the last prompt logprob), `dev_mode` (no `/server_info` without it).
+`short` (drops the last prompt logprob), `dev_mode` (no `/server_info` without it), `before_answer` (called with
+each completion request before it is answered: a test changes the world there).
 
 The scripted engine (`proxy.engines.scripted`) does not score prompts, and a shipped module may not carry a test
 double; this one is stdlib `http.server` (threads: the scorer sends several requests at once).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 __all__ = ["PromptLogprobServer", "logprob"]
@@ -32,9 +34,10 @@ class PromptLogprobServer:
     """``with PromptLogprobServer(model="m") as s: s.url``; ``s.requests`` holds each completion request's body."""
 
     def __init__(self, *, model: str = "m", max_model_len: int = 4096, version: str = "0.32.0",
-                 dev_mode: bool = True, fail_after: int | None = None, short: bool = False):
+                 dev_mode: bool = True, fail_after: int | None = None, short: bool = False,
+                 before_answer: Callable[[dict], None] | None = None):
         self.model, self.max_model_len, self.version, self.dev_mode = model, max_model_len, version, dev_mode
-        self.fail_after, self.short = fail_after, short
+        self.fail_after, self.short, self.before_answer = fail_after, short, before_answer
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -69,6 +72,8 @@ class PromptLogprobServer:
             if self.fail_after is not None and len(self.requests) >= self.fail_after:
                 return 500, _error("EngineCore encountered an issue.", "InternalServerError", 500)
             self.requests.append(body)
+        if self.before_answer is not None:
+            self.before_answer(body)
         scored = None
         if body.get("prompt_logprobs") is not None:
             scored = [None] + [{str(t): {"logprob": logprob(p, t), "rank": 1, "decoded_token": f"<{t}>"}}
