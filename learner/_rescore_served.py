@@ -99,10 +99,13 @@ def connect(urls: Sequence[str], version: str, model_name: str | None, served_mo
             fix = ("start the server of the version (vllm serve CKPT --served-model-name NAME) or pass the URL of one "
                    "that runs")
             r = _get(client, f"{url}/v1/models", "--engine", fix)
-            if r.status_code != 200:
-                raise RescoreError(f"--engine {url}: GET /v1/models answered {r.status_code} ({_error_text(r)}); is "
-                                   "it an OpenAI-compatible vLLM server? pass the URL of one")
-            cards = {m.get("id"): m for m in r.json().get("data", [])}
+            try:
+                cards = {m["id"]: m for m in r.json()["data"]} if r.status_code == 200 else None
+            except (ValueError, KeyError, TypeError):
+                cards = None
+            if cards is None:
+                raise RescoreError(f"--engine {url}: GET /v1/models answered {r.status_code} ({_error_text(r)}) "
+                                   "without a model list; is it an OpenAI-compatible vLLM server? pass the URL of one")
             if model not in cards:
                 raise RescoreError(f"--engine {url} does not serve {model!r} (policy version {version!r}'s model); it "
                                    f"serves {', '.join(map(repr, cards)) or 'nothing'}: point --engine at a server "
