@@ -1,14 +1,17 @@
 """``learner.rescore``: teacher-forced logprobs of stored completions under a policy version, kept in the store.
 
 The calls come from the store's token ids (``Store.token_calls``: the prompt ids and completion ids the engine
-reported, never re-tokenized); the version's checkpoint folder is scored by a scorer from :data:`SCORERS`. The one
-here, ``hf-float32`` (``hf-bfloat16``), is the Hugging Face model on the CPU, run by ``rescore_step.py`` in an
-environment with torch and transformers (the vLLM CPU one for ``openforge rescore``). Results land in the store's
-append-only ``rescores`` table keyed by (call, version, scorer), a batch at a time as they come: a re-score run
-again writes nothing, and one that was killed resumes with the calls it had not stored.
+reported, never re-tokenized) and are scored by a scorer from :data:`SCORERS`:
 
-Not here yet: scoring through a served engine's ``prompt_logprobs`` (the at-scale scorer, through the proxy's engine
-replicas); its name would be registered in :data:`SCORERS` beside ``hf``.
+* ``hf-float32`` (``hf-bfloat16``): the Hugging Face model of the version's checkpoint folder on the CPU, run by
+  ``rescore_step.py`` in an environment with torch and transformers (the vLLM CPU one for ``openforge rescore``);
+* ``vllm-served``: the at-scale scorer, a vLLM OpenAI server that serves the version (``--engine URL``, or the
+  engine replicas behind a proxy whose active version it is, ``--proxy URL``), asked for ``prompt_logprobs`` of
+  the stored ids, a few requests at once (``_rescore_served``). No checkpoint folder is read here.
+
+Results land in the store's append-only ``rescores`` table keyed by (call, version, scorer), a batch at a time as
+they come (``_rescore_sink``, the same for every scorer): a re-score run again writes nothing, and one that was
+killed or stopped by an error resumes with the calls it had not stored.
 """
 
 from __future__ import annotations
@@ -20,24 +23,23 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from forge_store import RescoreRow, Store, TokenCall, record_rescores, rescored_call_ids
+from forge_store import Store, TokenCall, rescored_call_ids
 
+from . import _rescore_served as served_scorer
 from ._export_config import where_row
 from ._query import parse_where
+from ._rescore_sink import RescoreError, RescoreResult, Sink
 
 STEP_SCRIPT = Path(__file__).with_name("rescore_step.py")
-SCORERS = {"hf-float32": "float32", "hf-bfloat16": "bfloat16"}   # scorer name -> the step's --dtype
+HF_SCORERS = {"hf-float32": "float32", "hf-bfloat16": "bfloat16"}   # scorer name -> the step's --dtype
+SCORERS = [*HF_SCORERS, served_scorer.SERVED_SCORER]
 READ_ROLLOUTS = 200    # rollouts whose calls are read at once
 FLUSH_CALLS = 32       # re-scores written per transaction (what a kill can lose)
-
-
-class RescoreError(ValueError):
-    """A re-score that cannot run as asked; the message says which value and what to do."""
 
 
 @dataclass
@@ -45,30 +47,6 @@ class Selection:
     rollout_ids: list[str]
     call_ids: set[str] | None = None   # None: every call of those rollouts
     what: str = "every rollout"
-
-
-@dataclass
-class RescoreResult:
-    version: str
-    scorer: str
-    selected_calls: int = 0
-    already: int = 0
-    scored_calls: int = 0
-    written: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    skipped: dict[str, int] = field(default_factory=dict)
-    lineage: dict = field(default_factory=dict)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    def as_dict(self) -> dict:
-        return {"version": self.version, "scorer": self.scorer, "selected_calls": self.selected_calls,
-                "already_scored": self.already, "scored_calls": self.scored_calls, "written": self.written,
-                "tokens": self.tokens, "seconds": round(self.seconds, 2), "tokens_per_s": round(self.tokens_per_s, 1),
-                "skipped": self.skipped, "lineage": self.lineage}
 
 
 def select(store: Store, *, where: str | None = None, export_id: str | None = None,
@@ -113,17 +91,20 @@ def _export_selection(store: Store, export_id: str) -> Selection:
     return Selection(sorted(rollouts), calls, what=f"export {row['id'][:12]}")
 
 
-def _version(store: Store, version: str, checkpoint: Path | None) -> tuple[dict, Path]:
+def _version(store: Store, version: str) -> dict:
     rows = {r["id"]: r for r in store.lineage("policy_versions")}
     if version not in rows:
         raise RescoreError(f"--version {version!r} is not a policy version in the store; known: "
                            f"{', '.join(rows) or '(none)'}")
-    row = rows[version]
+    return rows[version]
+
+
+def _checkpoint(row: dict, version: str, checkpoint: Path | None) -> Path:
     path = checkpoint or (Path(row["checkpoint_id"]) if row.get("checkpoint_id") else None)
     if path is None or not (path / "config.json").is_file():
         raise RescoreError(f"policy version {version!r} has no checkpoint folder on this machine (checkpoint_id "
                            f"{row.get('checkpoint_id')!r}); pass --checkpoint DIR with its Hugging Face weights")
-    return row, path
+    return path
 
 
 def weights_sha256(folder: Path) -> str:
@@ -149,18 +130,34 @@ def _eligible(call: TokenCall, skipped: dict[str, int]) -> bool:
     return why is None
 
 
-def rescore(store: Store, version: str, *, python: Path, scorer: str = "hf-float32", where: str | None = None,
-            export_id: str | None = None, rollout_id: str | None = None, checkpoint: Path | None = None,
-            limit: int | None = None, batch: int = FLUSH_CALLS, timeout_s: float = 6 * 3600,
-            progress: Callable[[str], None] | None = None) -> RescoreResult:
+def rescore(store: Store, version: str, *, python: Path | None = None, scorer: str = "hf-float32",
+            where: str | None = None, export_id: str | None = None, rollout_id: str | None = None,
+            checkpoint: Path | None = None, engines: Sequence[str] = (), proxy: str | None = None,
+            admin_token: str | None = None, served_model: str | None = None,
+            concurrency: int = served_scorer.CONCURRENCY, limit: int | None = None, batch: int = FLUSH_CALLS,
+            timeout_s: float = 6 * 3600, progress: Callable[[str], None] | None = None) -> RescoreResult:
     """Re-score the selected calls under ``version`` and store what was not stored yet. ``limit``: at most that
     many calls this run (the rest wait for the next: a re-score resumes); ``batch``: re-scores written per
-    transaction (what a kill can lose)."""
+    transaction (what a kill can lose). The ``hf-*`` scorers run ``python`` on the version's checkpoint folder
+    (``checkpoint``, default its recorded ``checkpoint_id``); ``vllm-served`` asks ``engines`` (base URLs of vLLM
+    servers of the version) or the replicas behind ``proxy``, ``concurrency`` requests at once."""
     if batch < 1:
         raise RescoreError(f"--batch {batch}: write at least 1 re-score per transaction")
     if scorer not in SCORERS:
         raise RescoreError(f"--scorer {scorer!r} unknown: use one of {', '.join(SCORERS)}")
-    row, path = _version(store, version, checkpoint)
+    served = scorer == served_scorer.SERVED_SCORER
+    if served and bool(engines) == bool(proxy):
+        raise RescoreError("the vllm-served scorer asks a server of the version: pass --engine URL (repeatable) or "
+                           "--proxy URL (whose active version it is), one of the two")
+    if not served and (engines or proxy):
+        raise RescoreError(f"--engine / --proxy are for --scorer {served_scorer.SERVED_SCORER}; --scorer {scorer} "
+                           "scores the checkpoint folder on this machine")
+    if served and concurrency < 1:
+        raise RescoreError(f"--concurrency {concurrency}: send at least 1 request at a time")
+    row = _version(store, version)
+    path = None if served else _checkpoint(row, version, checkpoint)
+    if path is not None and python is None:
+        raise RescoreError(f"--scorer {scorer} runs a python with torch and transformers: pass --python")
     sel = select(store, where=where, export_id=export_id, rollout_id=rollout_id)
     res = RescoreResult(version, scorer)
     todo: list[TokenCall] = []
@@ -174,24 +171,43 @@ def rescore(store: Store, version: str, *, python: Path, scorer: str = "hf-float
     todo = [c for c in todo if c.id not in have]
     if limit is not None:
         todo = todo[:limit]
-    sha = weights_sha256(path)
-    res.lineage = {"checkpoint_id": str(path), "checkpoint_hash": row.get("checkpoint_hash"), "weights_sha256": sha,
-                   "scorer": scorer}
     say = progress or (lambda _: None)
+    if served and todo:   # a run with nothing left to score asks no server
+        engine = (served_scorer.from_proxy(proxy, admin_token, version, row.get("model_name"), served_model)
+                  if proxy else served_scorer.connect(engines, version, row.get("model_name"), served_model))
+        res.lineage = {**engine.lineage, "checkpoint_hash": row.get("checkpoint_hash")}
+    elif not served:
+        res.lineage = {"checkpoint_id": str(path), "checkpoint_hash": row.get("checkpoint_hash"),
+                       "weights_sha256": weights_sha256(path), "scorer": scorer}
     say(f"{sel.what}: {res.selected_calls} calls, {res.already} already re-scored under {version} by {scorer}, "
         f"{len(todo)} to score ({sum(res.skipped.values())} skipped: {res.skipped or 'none'})")
     if not todo:
         return res
     t0 = time.monotonic()
-    _run(python, path, SCORERS[scorer], todo, res, store, version, scorer, timeout_s, say, batch)
-    res.seconds = time.monotonic() - t0
+    try:
+        if served:
+            _run_served(engine, todo, Sink(store, res, todo, batch, say, engine.check), concurrency)
+        else:
+            _run(python, path, HF_SCORERS[scorer], todo, res, Sink(store, res, todo, batch, say), timeout_s)
+    finally:
+        res.seconds = time.monotonic() - t0
     return res
 
 
-def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: RescoreResult, store: Store,
-         version: str, scorer: str, timeout_s: float, say: Callable[[str], None], flush: int) -> None:
+def _run_served(engine: served_scorer.Served, todo: Sequence[TokenCall], sink: Sink, concurrency: int) -> None:
+    try:
+        for call, logprobs in served_scorer.scores(engine, todo, concurrency):
+            sink.add(call, logprobs)
+    except RescoreError as exc:
+        sink.write()   # what was scored before the error is good (a refused batch is gone): a run again resumes after it
+        raise RescoreError(f"{exc} ({sink.res.written} re-scores were stored; a run again resumes after them)") \
+            from None
+    sink.write()
+
+
+def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: RescoreResult, sink: Sink,
+         timeout_s: float) -> None:
     by_id = {c.id: c for c in todo}
-    total_tokens = sum(len(c.completion) // 4 for c in todo)
     with tempfile.TemporaryDirectory(prefix="openforge-rescore-") as tmp:
         path = Path(tmp) / "calls.jsonl"
         with open(path, "w") as f:
@@ -203,33 +219,14 @@ def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: 
                                      "--dtype", dtype], stdout=subprocess.PIPE, stderr=err, text=True)
             timer = threading.Timer(timeout_s, proc.kill)
             timer.start()
-            batch: list[RescoreRow] = []
-            t0, last = time.monotonic(), 0.0
             try:
                 for line in proc.stdout:
                     msg = json.loads(line)
                     if "lineage" in msg:
                         res.lineage.update(msg["lineage"])
                         continue
-                    c = by_id[msg["call_id"]]
-                    if len(msg["logprobs"]) != len(c.completion) // 4:
-                        raise RescoreError(f"the scorer gave {len(msg['logprobs'])} logprobs for call {c.id}'s "
-                                           f"{len(c.completion) // 4} completion tokens")
-                    batch.append(RescoreRow(c.id, c.rollout_id, version, scorer, dict(res.lineage), msg["logprobs"]))
-                    res.scored_calls += 1
-                    res.tokens += len(msg["logprobs"])
-                    if len(batch) >= flush:
-                        res.written += record_rescores(store, batch)
-                        batch = []
-                        say(f"stored {res.written} re-scores")
-                    now = time.monotonic() - t0
-                    if now - last >= 5 or res.scored_calls == len(todo):
-                        last = now
-                        rate = res.tokens / now if now else 0.0
-                        left = (total_tokens - res.tokens) / rate if rate else 0.0
-                        say(f"{res.scored_calls}/{len(todo)} calls, {res.tokens:,}/{total_tokens:,} tokens, "
-                            f"{rate:,.0f} tokens/s, ~{left:.0f} s left")
-                res.written += record_rescores(store, batch)
+                    sink.add(by_id[msg["call_id"]], msg["logprobs"])
+                sink.write()
                 rc = proc.wait()
             finally:
                 timer.cancel()

@@ -1,15 +1,16 @@
-"""``openforge rescore``: stored completions re-scored under a policy version, in the engine's torch environment.
+"""``openforge rescore``: stored completions re-scored under a policy version, in the engine's torch environment or
+by a vLLM server of the version.
 
 The learner owns the re-score (``learner.rescore``, the ``rescores`` table, the mismatch figures); the environment
 the Hugging Face scorer runs in is the CPU engine's (``proxy.engines``): a composition of two parts, so the command
-lives here, beside ``openforge train``.
+lives here, beside ``openforge train``. The served scorer (``--scorer vllm-served``) needs no local environment.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -23,7 +24,15 @@ def rescore_command(
     export: Optional[str] = typer.Option(None, "--export", help="An export id: the calls of its shard rows."),
     rollout: Optional[str] = typer.Option(None, "--rollout", help="One rollout's calls."),
     scorer: str = typer.Option("hf-float32", "--scorer", help="hf-float32 | hf-bfloat16 (the Hugging Face model on "
-                               "the CPU)."),
+                               "the CPU) | vllm-served (a vLLM server of the version: --engine or --proxy)."),
+    engine: Optional[List[str]] = typer.Option(None, "--engine", help="vllm-served: base URL of a vLLM OpenAI server "
+                                               "serving the version (repeat for several replicas)."),
+    proxy: Optional[str] = typer.Option(None, "--proxy", help="vllm-served: an OpenForge proxy whose active version "
+                                        "is --version; its engine replicas that are up score the calls."),
+    admin_token: Optional[str] = typer.Option(None, "--admin-token", help="The --proxy's admin token."),
+    served_model: Optional[str] = typer.Option(None, "--served-model", help="vllm-served: the model name the server "
+                                               "serves the version under (default: the version's model_name)."),
+    concurrency: int = typer.Option(4, "--concurrency", help="vllm-served: requests in flight at once."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="The version's weights folder (default: "
                                               "its recorded checkpoint_id)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Score at most this many calls now; the rest wait for "
@@ -46,7 +55,8 @@ def rescore_command(
         _fail(f"--limit {limit}: pass 1 or more calls (or leave it out for every call)")
     if not 0 < eps < 1:
         _fail(f"--eps {eps}: the ratio band [1 - eps, 1 + eps] needs 0 < eps < 1 (PPO's clip: 0.2)")
-    python = _python(python)
+    if scorer != "vllm-served":
+        python = _python(python)
     settings = get_settings()
     try:
         st = open_store(store or settings.resolved_store_url(), settings=settings)
@@ -54,7 +64,8 @@ def rescore_command(
         _fail(exc)
     try:
         res = rescore(st, version, python=python, scorer=scorer, where=where, export_id=export, rollout_id=rollout,
-                      checkpoint=checkpoint, limit=limit, batch=batch,
+                      checkpoint=checkpoint, engines=engine or (), proxy=proxy, admin_token=admin_token,
+                      served_model=served_model, concurrency=concurrency, limit=limit, batch=batch,
                       progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
         pairs = mismatch_pairs(st, version=version, scorer=scorer)
     except (RescoreError, StoreError, ValueError) as exc:

@@ -7,6 +7,8 @@ a second version trained from them by one real GRPO step. Then:
   (token-exact end to end), and ``openforge rescore`` says so;
 * a re-score killed (SIGKILL) after its first stored batch resumes where it stopped, and a re-score run again
   writes nothing;
+* the served scorer (``--scorer vllm-served --engine URL``: ``prompt_logprobs`` from the same engine) is
+  self-consistent too, and agrees with the Hugging Face scorer token by token;
 * under the trained version the KL(behaviour || version) is > 0 and shows in ``openforge analyze``;
 * a veRL export carries rollout_is_weights from the re-score (each mode), equal to veRL 0.9.1's own rollout
   correction on the same logprobs (in veRL's venv), and ``openforge train`` trains with them and says so.
@@ -88,6 +90,32 @@ def test_a_killed_rescore_resumes_and_the_self_rescore_is_token_exact(world):
     with open_store(world["url"], settings=world["settings"]) as st:
         rows = rescores(st, policy_version_id="base")
     assert len(rows) == world["calls"] == len({r.call_id for r in rows})
+
+
+def test_the_served_scorer_on_the_same_engine_is_self_consistent_and_agrees_with_hf(world, vllm_server):
+    out = _cli(world, "rescore", "--version", "base", "--scorer", "vllm-served", "--engine", vllm_server, "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    own = res["self_consistency"]
+    print("served self-consistency:", json.dumps(own), "tokens/s:", res["tokens_per_s"])
+    assert res["written"] == world["calls"] and own["calls"] == world["calls"] and own["ok"], own
+    assert 0.99 <= own["ratio_mean"] <= 1.01 and abs(own["kl_k3"]) <= 1e-3
+    lineage = res["lineage"]
+    assert lineage["engine"] == "vllm" and lineage["dtype"] == "float32" and lineage["engine_version"], lineage
+
+    with open_store(world["url"], settings=world["settings"]) as st:
+        if not rescores(st, policy_version_id="base", scorer="hf-float32"):
+            rescore(st, "base", python=world["python"])
+        hf = {r.call_id: r.logprobs for r in rescores(st, policy_version_id="base", scorer="hf-float32")}
+        served = {r.call_id: r.logprobs for r in rescores(st, policy_version_id="base", scorer="vllm-served")}
+    assert set(hf) == set(served)
+    diffs = [abs(a - b) for c in hf for a, b in zip(hf[c], served[c], strict=True)]
+    print(f"served vs hf-float32: {len(diffs)} tokens, mean |d| {sum(diffs) / len(diffs):.2e}, max {max(diffs):.2e}")
+    assert sum(diffs) / len(diffs) <= 1e-2 and max(diffs) <= 0.1
+
+    again = _cli(world, "rescore", "--version", "base", "--scorer", "vllm-served", "--engine", vllm_server, "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["written"] == 0
 
 
 def test_the_trained_version_diverges_and_analyze_shows_it(world):
