@@ -280,7 +280,9 @@ class Planner:
         infos = [info for members in groups.values() for info in members]
         rewards = self.store.latest_rewards([i.id for i in infos], sources=self.cfg.reward_sources, as_of=self.wm)
         screens = {key: self._screen(members, rewards, rows) for key, members in groups.items()}
-        stats_only = self.partial and self.cfg.max_policy_lag is not None  # filtered ones need calls: staleness
+        # filtered members still count in their group's statistics: they need their calls where those decide it
+        # (staleness; the number of calls under efficiency shaping)
+        stats_only = self.partial and (self.cfg.max_policy_lag is not None or bool(self.cfg.call_cost))
         wanted = [i.id for _, candidates, filtered in screens.values() for i in candidates
                   if i.id not in filtered or stats_only]
         damage: dict[str, list[dict]] = {}

@@ -250,5 +250,9 @@ def test_call_cost_shapes_advantages_by_calls_never_pays_failures(store, tmp_pat
     assert b["short"] > b["long"] > 0 > b["quit"]
     assert shaped["config"]["call_cost"] == 0.1 and "call_cost" not in plain["config"]
     assert verify(tmp_path / "shaped" / "manifest.json", store)["ok"]
+    # a --where that keeps part of the group: the filtered rollouts still count with their own number of calls
+    part = export(store, tmp_path / "part", ExportConfig(format="verl", call_cost=0.1, where="outcome = 'failure'",
+                                                         allow_partial_groups=True))
+    assert part["counts"]["rows"] and adv("part") == pytest.approx({"quit": b["quit"]})
     with pytest.raises(ValueError, match="call_cost=1.0"):
         ExportConfig(call_cost=1.0)
