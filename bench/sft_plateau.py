@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-tasks", type=int, default=48)
     ap.add_argument("--heldout-tasks", type=int, default=48)
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--train-layers", type=int, default=0, help="SFT trains only the last K decoder blocks (0: all)")
     ap.add_argument("--tolerance", type=int, default=1, help="tasks: a later epoch must beat a plateau by more")
     ap.add_argument("--keep", type=Path)
     args = ap.parse_args(argv)
@@ -78,7 +79,7 @@ def run(args, home: Path) -> dict:
         for e in range(1, args.epochs + 1):
             version = f"sft-epoch{e}"
             res = s.train(shard, version, parent=parent, algorithm="sft", lr=args.lr, epochs=1, seed=e,
-                          optimizer_state=state)
+                          optimizer_state=state, train_layers=args.train_layers or None)
             s.switch(res)
             loop._add(version, parent, f"sft epoch {e}")
             rate = loop._evaluate(version, heldout)
@@ -92,6 +93,7 @@ def run(args, home: Path) -> dict:
     plateau = next(x for x in epochs if all(y["successes"] <= x["successes"] + args.tolerance
                                             for y in epochs if y["epoch"] > x["epoch"]))
     return {"seed": args.seed, "demo_tasks": args.demo_tasks, "heldout_tasks": args.heldout_tasks,
+            "train_layers": args.train_layers,
             "epochs": [{k: v for k, v in x.items() if k != "per_task"} for x in epochs],
             "best_epoch": best["epoch"], "plateau_epoch": plateau["epoch"],
             "minutes": round((time.monotonic() - started) / 60, 2)}

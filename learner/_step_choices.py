@@ -1,8 +1,12 @@
-"""Two choices of the train step that need no model: the precision it computes in and how negative advantages
-weigh. Kept apart from ``train_step.py`` (which runs by path in the torch environment) so that they are tested
-without torch."""
+"""The train step's choices that need no model: the precision it computes in, how negative advantages weigh, the
+order of the samples (``schedule``) and how a batch is cut into forward passes (``micro_batches``). Kept apart
+from ``train_step.py`` (which runs by path in the torch environment) so that they are tested without torch."""
 
 from __future__ import annotations
+
+import random
+
+TOKEN_BUDGET = 4096                 # padded tokens per forward pass (micro-batch); bounds the logits' memory
 
 
 def resolve_precision(torch, asked: str) -> str:
@@ -24,3 +28,28 @@ def weigh_negatives(samples: list[dict], weight: float) -> list[dict]:
     if weight == 1.0:
         return samples
     return [dict(s, advantage=s["advantage"] * weight) if s["advantage"] < 0 else s for s in samples]
+
+
+def schedule(n: int, batch_size: int, epochs: int, steps: int | None, seed: int) -> list[list[int]]:
+    """Batches of sample indices: each epoch a fresh shuffle (seeded), cut into batches; ``steps`` (if given)
+    takes that many batches, going round the epochs as often as needed."""
+    batches: list[list[int]] = []
+    epoch = 0
+    while (steps is None and epoch < epochs) or (steps is not None and len(batches) < steps):
+        order = list(range(n))
+        random.Random(seed + epoch).shuffle(order)
+        batches += [order[i:i + batch_size] for i in range(0, n, batch_size)]
+        epoch += 1
+    return batches[:steps] if steps is not None else batches
+
+
+def micro_batches(batch: list, length) -> list[list]:
+    """Split a batch so that each forward pass holds at most TOKEN_BUDGET padded tokens, longest first (samples of
+    like length share a pass, so little of it is padding; the batch's loss is a sum, whatever the order)."""
+    out, cur = [], []
+    for s in sorted(batch, key=length, reverse=True):
+        if cur and max(length(x) for x in cur + [s]) * (len(cur) + 1) > TOKEN_BUDGET:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    return out + ([cur] if cur else [])

@@ -159,8 +159,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
           algorithm: str | None = None, lr: float | None = None, epochs: int | None = None, steps: int | None = None,
           batch_size: int | None = None, max_seconds: float | None = None, precision: str | None = None,
           optimizer_state: Path | None = None, loss_agg: str | None = None, clip_low: float | None = None,
-          clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None, seed: int | None = None,
-          policy_id: str | None = None,
+          clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None,
+          train_layers: int | None = None, seed: int | None = None, policy_id: str | None = None,
           timeout_s: float = 3600,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
@@ -172,7 +172,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     (autocast) or "fp32". ``optimizer_state`` is a file AdamW's state is
     resumed from (when it exists) and saved to, so that a chain of updates keeps one optimizer. ``loss_agg``,
     ``clip_low`` and ``clip_high`` are veRL's ``loss_agg_mode`` and PPO clip range (GRPO). ``negative_weight`` scales negative advantages (1: GRPO). ``lora_rank`` trains a
-    low-rank adapter on every projection and merges it (no optimizer state then). ``seed`` seeds the
+    low-rank adapter on every projection and merges it (no optimizer state then). ``train_layers`` trains only the
+    last that many decoder blocks and the final norm (the backward pass stops below them). ``seed`` seeds the
     shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
@@ -194,7 +195,7 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                         ("--max-seconds", max_seconds), ("--precision", precision),
                         ("--optimizer-state", optimizer_state), ("--loss-agg", loss_agg), ("--clip-low", clip_low),
                         ("--clip-high", clip_high), ("--negative-weight", negative_weight),
-                        ("--lora-rank", lora_rank), ("--seed", seed)):
+                        ("--lora-rank", lora_rank), ("--train-layers", train_layers), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
     keys = (("messages", "tools") if algo == "sft" else

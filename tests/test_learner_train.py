@@ -172,3 +172,37 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_native_bfloat16():
     assert resolve_precision(fake_torch(False), "auto") == "fp32"
     assert resolve_precision(fake_torch(None), "auto") == "fp32"   # a torch without the probe
     assert resolve_precision(fake_torch(False), "bf16") == "bf16"  # asked for: given, however slow
+
+
+def test_train_layers_reaches_every_update_of_the_loop_and_bad_values_are_refused(tmp_path):
+    from learner.train_step import parse
+    from openforge.loop import LoopConfig, LoopError
+    from openforge.loop_recipe import GrpoRecipe, RecipeError
+
+    base = ["--samples", "s.jsonl", "--base", "b", "--out", "o"]
+    assert parse(base).train_layers == 0 and parse(base + ["--train-layers", "10"]).train_layers == 10
+    with pytest.raises(SystemExit):   # adapters on every block leave no backward pass to cut
+        parse(base + ["--train-layers", "10", "--lora-rank", "4"])
+    assert GrpoRecipe(train_layers=10).train_options()["train_layers"] == 10
+    assert GrpoRecipe().train_options()["train_layers"] is None   # the step's default: every weight
+    for bad in (GrpoRecipe(train_layers=-1), GrpoRecipe(train_layers=10, lora_rank=4)):
+        with pytest.raises(RecipeError, match="--train-layers"):
+            bad.check()
+    cfg = LoopConfig(out=tmp_path, sft_train_layers=12, sft_lr=3e-4)
+    assert cfg.sft_options() == {"lr": 3e-4, "train_layers": 12}
+    assert LoopConfig(out=tmp_path).sft_options()["train_layers"] is None
+    with pytest.raises(LoopError, match="--sft-train-layers -2"):
+        LoopConfig(out=tmp_path, sft_train_layers=-2).check()
+
+
+def test_schedule_shuffles_each_epoch_and_micro_batches_hold_the_token_budget():
+    from learner._step_choices import TOKEN_BUDGET, micro_batches, schedule
+
+    batches = schedule(10, 4, epochs=2, steps=None, seed=0)
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
+    assert sorted(sum(batches[:3], [])) == list(range(10)) and batches[:3] != batches[3:]
+    assert len(schedule(10, 4, epochs=1, steps=5, seed=0)) == 5   # steps go round the epochs
+    lengths = [3000, 100, 2000, 1500, 50]
+    micro = micro_batches(lengths, lambda n: n)
+    assert sorted(sum(micro, [])) == sorted(lengths)
+    assert all(max(m) * len(m) <= TOKEN_BUDGET or len(m) == 1 for m in micro), micro

@@ -31,7 +31,7 @@ class ScriptedSession:
         self.served: list[str] = []
         self.trained: list[tuple[str, str, int]] = []
 
-    def train(self, shard, version, *, parent, algorithm, lr, epochs, optimizer_state):
+    def train(self, shard, version, *, parent, algorithm, lr, epochs, optimizer_state, train_layers=None):
         Path(optimizer_state).write_text(version)   # the state after this stage
         self.trained.append((version, parent, epochs))
         return _Res(version, Path("/nowhere") / version, {"samples": 4})

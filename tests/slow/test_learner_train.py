@@ -34,8 +34,14 @@ OPENFORGE = str(Path(sys.executable).parent / "openforge")
 
 
 @pytest.fixture(scope="module")
-def torch_python() -> Path:
-    python = ensure_env(os.environ.get(CACHE_ENV), progress=False)
+def torch_env() -> Path:
+    """The vLLM CPU venv's python (torch, transformers): what the train step runs in."""
+    return ensure_env(os.environ.get(CACHE_ENV), progress=False)
+
+
+@pytest.fixture(scope="module")
+def torch_python(torch_env) -> Path:
+    python = torch_env
     probe = subprocess.run([str(python), "-c", "import trl, datasets"], capture_output=True, text=True)
     assert probe.returncode == 0, (f"{python} lacks TRL: {python} -m pip install -r "
                                    f"{ROOT / 'learner' / 'trl-requirements.txt'}\n{probe.stderr[-500:]}")
@@ -43,9 +49,9 @@ def torch_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny(torch_python, tmp_path_factory) -> Path:
+def tiny(torch_env, tmp_path_factory) -> Path:
     src = ensure_model(os.environ.get(CACHE_ENV), progress=False)
-    return Path(_script(torch_python, "tiny", str(src), str(tmp_path_factory.mktemp("tiny") / "model"))["model"])
+    return Path(_script(torch_env, "tiny", str(src), str(tmp_path_factory.mktemp("tiny") / "model"))["model"])
 
 
 def _script(python: Path, *args: str) -> dict:
@@ -122,3 +128,26 @@ def test_sft_then_grpo_through_the_commands_and_the_lineage(torch_python, tiny, 
     assert links[1]["export_id"] == json.loads((tmp_path / "sft" / "manifest.json").read_text())["export_id"]
     assert links[2]["shard"] == str((tmp_path / "grpo").resolve()) and links[2]["watermark"] == m["watermark"]
     assert links[2]["samples"] == 2 and abs(links[2]["importance_ratio_mean"] - 1) < 1e-3
+
+
+def test_train_layers_trains_only_the_top_blocks_and_refuses_more_than_the_model_has(torch_env, tiny, tmp_path,
+                                                                                      settings):
+    torch_python = torch_env
+    url, home = f"sqlite:///{tmp_path / 's.sqlite'}", tmp_path / "home"
+    with open_store(url, settings=settings) as st:
+        st.register_policy_version("tiny-base", model_name="tiny", checkpoint_id=str(tiny), global_step=0)
+        _seed(st)
+        export(st, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    common = ("train", "--sft", "--shard", str(tmp_path / "sft"), "--parent", "tiny-base", "--steps", "2",
+              "--batch-size", "2", "--lr", "1e-3", "--python", str(torch_python), "--store", url)
+    step, _ = _openforge(home, *common, "--train-layers", "1")
+    assert step["train_layers"]["layers"] == 1 and step["train_layers"]["of_layers"] == 2, step
+    diff = _script(torch_python, "changed", str(tiny), step["checkpoint"])
+    assert diff["changed"] and all(n.startswith(("model.layers.1.", "model.norm.")) for n in diff["changed"]), diff
+    assert any(n.startswith("model.layers.1.") for n in diff["changed"]), diff   # the top block did train
+    full, _ = _openforge(home, *common)   # every weight: the bottom block and the embedding move too
+    moved = _script(torch_python, "changed", str(tiny), full["checkpoint"])["changed"]
+    assert "model.embed_tokens.weight" in moved and any(n.startswith("model.layers.0.") for n in moved), moved
+    p = subprocess.run([OPENFORGE, *common, "--train-layers", "3"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": "200"}, timeout=600)
+    assert p.returncode != 0 and "--train-layers 3: the model has 2 decoder blocks" in p.stderr + p.stdout, p.stderr

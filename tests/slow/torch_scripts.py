@@ -5,6 +5,7 @@ venv), each prints one JSON line.
     python torch_scripts.py logprobs MODEL CALLS.json   each call's completion logprobs under MODEL (an "engine")
     python torch_scripts.py trl SHARD MODEL WORK        TRL's SFTTrainer on an SFT shard, as it is
     python torch_scripts.py sample MODEL SPEC.json      completions sampled from MODEL, with ids and logprobs
+    python torch_scripts.py changed MODEL_A MODEL_B     the names of the weights that differ between two checkpoints
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def trl(shard: str, model_dir: str, work: str) -> dict:
             ["arguments"], "tools": ds[0]["tools"]}
 
 
+def changed(a: str, b: str) -> dict:
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(Path(a) / "model.safetensors")), load_file(str(Path(b) / "model.safetensors"))
+    return {"names": sorted(wa), "changed": sorted(n for n in wa if not wa[n].equal(wb[n]))}
+
+
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    print(json.dumps({"tiny": tiny, "logprobs": logprobs, "trl": trl, "sample": sample}[cmd](*rest)))
+    print(json.dumps({"tiny": tiny, "logprobs": logprobs, "trl": trl, "sample": sample, "changed": changed}[cmd](*rest)))
