@@ -10,11 +10,12 @@ version, and compares the two paired by task (``learner.compare_tasks``: success
 intervals). Seeds 100 and 101 are none of ``bench/learning_curve.py``'s (0-2), so a recipe chosen here is not fitted
 to the tasks the loop reports on.
 
-Usage: python bench/grpo_sweep.py --from DIR --epoch N [--pool-seed 101] [--pool-tasks 48]
+Usage: python bench/grpo_sweep.py --from DIR --epoch N [--pool-seed 101] [--pool-tasks 48] [--eval-rounds]
        --recipe "temperature=0.8,negative_weight=0,call_cost=0.1" [--recipe ...]
 A recipe is ``GrpoRecipe`` fields (``openforge/loop_recipe.py``) as ``name=value`` pairs. Prints one line per recipe,
 then as its LAST line one JSON object: ``sft`` (version, success) and ``recipes`` (per recipe: its fields, the final
-version, success, final_minus_sft with its interval and McNemar p, the rubrics whose interval excludes 0, minutes).
+version, success, final_minus_sft with its interval and McNemar p, the rubrics whose interval excludes 0, minutes,
+and with ``--eval-rounds`` a ``curve``: every earlier round's version, success and difference to SFT).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-tasks", type=int, default=48)
     ap.add_argument("--recipe", action="append", required=True)
     ap.add_argument("--n-boot", type=int, default=4000)
+    ap.add_argument("--eval-rounds", action="store_true", help="evaluate every round's version on the held-out "
+                    "tasks, not only the last (a curve per recipe; each evaluation costs its minutes)")
     args = ap.parse_args(argv)
     recipes = [parse_recipe(r) for r in args.recipe]
     os.environ["OPENFORGE_HOME"] = str(args.home)
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args, recipes) -> dict:
     from rich.console import Console
 
-    from learner import TrainResult, compare_tasks, version_tasks
+    from learner import TrainResult, version_tasks
     from openforge.loop import LearningLoop, LoopConfig
     from openforge.loop_session import Session
 
@@ -103,18 +106,20 @@ def run(args, recipes) -> dict:
             s.cfg, s.report = cfg, loop.report
             s.switch(TrainResult(sft, None, checkpoint, {}))
             loop._add(sft, None, "sft")
-            current = sft
+            current, curve = sft, []
             for r in range(1, recipe.rounds + 1):
                 current = loop._grpo_round(r, current, pool)
+                if args.eval_rounds and r < recipe.rounds and current != sft:
+                    success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
+                    curve.append({"round": r, "version": current, "success": success.b, "final_minus_sft":
+                                  success.diff, "ci95": list(success.ci95) if success.ci95 else None})
+                    console.print(f"  round {r}: {current} {success.b:.3f}, diff {success.diff:+.3f} "
+                                  f"{curve[-1]['ci95']}; moved: {', '.join(m['metric'] for m in moved) or 'nothing'}")
             if current == sft:
                 out["recipes"].append({"recipe": recipe.as_dict(), "final": None, "notes": loop.report.notes})
                 continue
-            loop._evaluate(current, heldout)
-            final_tasks = version_tasks(s.store, current, purpose="eval", run_ids=[loop.report.eval_runs[current]])
-            diffs = compare_tasks(sft_tasks, final_tasks, n_boot=args.n_boot)
-            success = next(d for d in diffs if d.metric == "success_rate")
-            moved = [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]
-            row = {"recipe": recipe.as_dict(), "final": current, "success": success.b,
+            success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
+            row = {"recipe": recipe.as_dict(), "final": current, "success": success.b, "curve": curve,
                    "final_minus_sft": success.diff, "ci95": list(success.ci95) if success.ci95 else None,
                    "p": success.p_value, "ratios": loop.report.ratios, "moved": moved,
                    "minutes": round((time.monotonic() - t0) / 60, 2), "notes": loop.report.notes}
@@ -124,6 +129,18 @@ def run(args, recipes) -> dict:
                           f"{', '.join(m['metric'] for m in moved) or 'nothing'} ({row['minutes']} min)")
             print(json.dumps(row), flush=True)
     return out
+
+
+def _versus(s, loop, version: str, heldout, sft_tasks, n_boot: int):
+    """Evaluate ``version`` on the held-out tasks and compare it with the SFT version, paired by task; returns
+    (the success difference, the rubrics whose interval excludes 0)."""
+    from learner import compare_tasks, version_tasks
+
+    loop._evaluate(version, heldout)
+    tasks = version_tasks(s.store, version, purpose="eval", run_ids=[loop.report.eval_runs[version]])
+    diffs = compare_tasks(sft_tasks, tasks, n_boot=n_boot)
+    success = next(d for d in diffs if d.metric == "success_rate")
+    return success, [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]
 
 
 if __name__ == "__main__":
