@@ -1,11 +1,16 @@
 """Train only the top of the network: every weight frozen but the last ``k`` decoder blocks and the final norm.
 
-Why: on this 2-core CPU an SFT epoch of SmolLM2-135M over the demo's 48 demonstrations costs 338-378 s, and that cost
-is compute (the forward and backward passes over every token). Autograd keeps no graph below the lowest trainable
-block, so the backward pass stops there: with 10 of SmolLM2's 30 blocks trained, a forward and backward pass over
-4 x 1,000 tokens took 13.6 s against 27.8 s for the whole model (15 blocks: 17.5 s; this kind of machine,
-2026-12-03). The tied embedding and output layer stay frozen too: the output layer's weight gradient is
-the largest single one (49,152 x 576) and the embedding it is tied to is what every frozen block reads.
+Why: on this 2-core CPU the train step's cost is compute (the forward and backward passes over every token).
+Autograd keeps no graph below the lowest trainable block, so the backward pass stops there: with 10 of SmolLM2's 30
+blocks trained, a forward and backward pass over 4 x 1,000 tokens took 13.6 s against 27.8 s for the whole model
+(15 blocks: 17.5 s; fp32, this kind of machine, 2026-12-03). The tied embedding and output layer stay frozen too:
+the output layer's weight gradient is the largest single one (49,152 x 576) and the embedding it is tied to is what
+every frozen block reads.
+
+Not a default, and why: on the demo's SFT (``bench/sft_plateau.py --train-layers 10``, seed 100, bf16 autocast) an
+epoch took 55-70 s against 130 s for every weight, but held-out success after epochs 1-4 was 0, 2, 1, 1 of 48
+against 9 of 48 after ONE epoch of the full fine-tune: the format was learned (training loss 1.29 -> 0.53), the
+tasks were not. It is an option for experiments (GRPO updates confined to the top of the network).
 
 ``torch`` is passed in so that this module imports nothing (the step script runs it by path in another environment).
 """

@@ -305,8 +305,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "projection, merged into the weights at the end (0: every weight, the default)")
     ap.add_argument("--lora-alpha", type=float, default=32.0, help="the adapter's scale is alpha / rank")
     ap.add_argument("--train-layers", type=int, default=0, help="train only the last K decoder blocks and the final "
-                    "norm, the rest frozen (the backward pass stops below them: about 2x faster with 10 of 30); "
-                    "0: every weight, the default")
+                    "norm, the rest frozen (the backward pass stops below them: about 2x faster with 10 of 30, and "
+                    "slower to learn, see learner/_freeze.py); 0: every weight, the default")
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -69,7 +69,8 @@ def demo_command(
     lora_rank: int = typer.Option(GrpoRecipe.lora_rank, "--lora-rank", help="GRPO rounds train a rank-r adapter "
                                   "on every projection, merged after each round (0: every weight)."),
     train_layers: int = typer.Option(0, "--train-layers", help="SFT, its control and the GRPO rounds train only the "
-                                     "last K decoder blocks (about 2x faster with 10 of 30; 0: every weight)."),
+                                     "last K decoder blocks (about 2x faster with 10 of 30 and slower to learn; 0: "
+                                     "every weight)."),
     control: bool = typer.Option(True, "--control/--no-control", help="Also train and evaluate sft_extended: SFT "
                                  "given the minutes the GRPO rounds took."),
     groups_per_task: int = typer.Option(1, "--groups-per-task", help="Groups per task (one round)."),

