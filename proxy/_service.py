@@ -35,6 +35,8 @@ from ._protocols.completion import Completion, loads_answer
 from ._protocols.contract import Translation, WireProtocol
 from ._redaction import Redactor
 from ._rollouts import Binding, RolloutRegistry
+from ._self_calls import KEY as SELF_CALL
+from ._self_calls import self_call
 from ._upstream import Pending, Replica, UpstreamPool
 
 log = logging.getLogger("proxy")
@@ -92,6 +94,8 @@ class ProxyService:
         if (recall := protocol.recall(body, binding.rollout_id)) is not None:  # what another replica holds
             await recall
         tr = protocol.translate(body, self.dialect, binding.rollout_id)
+        if (kind := self_call(headers, tr.messages)) is not None:  # the harness's own utility call, marked
+            tr.notes[SELF_CALL] = kind
         draft = self.store.begin_call(binding.rollout_id, tr.messages, tr.tools, redact=self._redact_copy)
         call = _Call(protocol, binding, body, tr, t0, draft, started)
         if draft.holds_images:
