@@ -1,7 +1,8 @@
 """A kept model name is served by the replica that serves it (issue 32): two scripted engines behind one proxy, one
 serving the policy's model and one a teacher's; a name ``--model-map`` keeps goes to the teacher's replica and is
 recorded under the teacher's version, any other name to the policy's, each with rollout affinity; a chosen model no
-replica serves is refused with the value, the rule and the fix. Through the official SDKs over loopback."""
+replica serves is refused with the value, the rule and the fix. Through the official SDKs of all four protocols
+(openai: chat completions and Responses, anthropic, google-genai) over loopback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import contextlib
 import anthropic
 import openai
 import pytest
+from google import genai
+from google.genai import types
 
 from proxy import build_proxy
 from proxy.engines.scripted import ScriptedUpstream, Text, UpstreamServer
@@ -63,24 +66,31 @@ def _models_asked(double) -> list[str]:
 def test_a_kept_name_goes_to_the_replica_that_serves_it_and_is_recorded_under_its_version(engines, tmp_path):
     (policy, _, policy_url), (teacher, _, teacher_url) = engines
     with _proxy([policy_url, teacher_url], tmp_path, {"teacher-big": ("teacher-v1", "teacher-big")}) as px:
-        policy.script.extend([Text("p1"), Text("p2"), Text("p3")])
-        teacher.script.extend([Text("t1"), Text("t2")])
+        policy.script.extend([Text(f"p{i}") for i in range(1, 5)])
+        teacher.script.extend([Text(f"t{i}") for i in range(1, 5)])
         token = px.register("r1")
         chat = px.client(token)
         messages = anthropic.Anthropic(base_url=px.url, api_key=token, max_retries=0).messages
-        answers = [chat.chat.completions.create(model="gpt-5-mini", messages=USER).choices[0].message.content,
-                   chat.chat.completions.create(model="teacher-big", messages=USER).choices[0].message.content,
-                   messages.create(model="claude-haiku", max_tokens=16, messages=USER).content[0].text,
-                   messages.create(model="teacher-big", max_tokens=16, messages=USER).content[0].text,
-                   chat.chat.completions.create(model="policy-a", messages=USER).choices[0].message.content]
-        assert answers == ["p1", "t1", "p2", "t2", "p3"]
-        assert _models_asked(policy) == ["policy-a"] * 3 and _models_asked(teacher) == ["teacher-big"] * 2
+        with genai.Client(api_key=token, http_options=types.HttpOptions(base_url=px.url)) as gemini:
+            answers = [chat.chat.completions.create(model="gpt-5-mini", messages=USER).choices[0].message.content,
+                       chat.chat.completions.create(model="teacher-big", messages=USER).choices[0].message.content,
+                       messages.create(model="claude-haiku", max_tokens=16, messages=USER).content[0].text,
+                       messages.create(model="teacher-big", max_tokens=16, messages=USER).content[0].text,
+                       chat.responses.create(model="teacher-big", input="hi").output_text,
+                       gemini.models.generate_content(model="gemini-2.5-flash", contents="hi").text,
+                       gemini.models.generate_content(model="teacher-big", contents="hi").text,
+                       chat.chat.completions.create(model="policy-a", messages=USER).choices[0].message.content]
+        assert answers == ["p1", "t1", "p2", "t2", "t3", "p3", "t4", "p4"]
+        assert _models_asked(policy) == ["policy-a"] * 4 and _models_asked(teacher) == ["teacher-big"] * 4
         calls = px.calls("r1")
         got = [(c.metadata["upstream"], c.policy_version_id, c.model, (c.metadata or {}).get("model_requested"))
                for c in calls]
         assert got == [(policy_url, "policy-v1", "policy-a", "gpt-5-mini"),
                        (teacher_url, "teacher-v1", "teacher-big", None),
                        (policy_url, "policy-v1", "policy-a", "claude-haiku"),
+                       (teacher_url, "teacher-v1", "teacher-big", None),
+                       (teacher_url, "teacher-v1", "teacher-big", None),
+                       (policy_url, "policy-v1", "policy-a", "gemini-2.5-flash"),
                        (teacher_url, "teacher-v1", "teacher-big", None),
                        (policy_url, "policy-v1", "policy-a", None)]
         listing = {u["url"]: u for u in px.admin("GET", "/admin/upstreams").json()["upstreams"]}
