@@ -27,7 +27,13 @@ without them asked for, three runs), which shows up in the proxied stream figure
 ``--server uvicorn`` serves the recording proxy's same ASGI app on uvicorn (httptools, uvloop) instead of its own
 HTTP server (``proxy._http``, what ``openforge proxy`` runs): the two side by side.
 
-Usage: python bench/proxy_overhead.py [--quick] [--server own|uvicorn]
+``--protocol responses|messages|gemini`` sends the proxied load through that wire protocol (the proxy translates it
+to the same chat request upstream and the answer back) while the direct load stays chat completions: the added
+figures are then the translation's cost on top of recording. The bare pass-through speaks chat only and is left out
+(its columns read n/a). The default, ``chat``, runs with all four protocols registered, as ``openforge proxy``
+does: its figures are the chat path's with the others beside it.
+
+Usage: python bench/proxy_overhead.py [--quick] [--server own|uvicorn] [--protocol chat|responses|messages|gemini]
 """
 
 from __future__ import annotations
@@ -113,7 +119,27 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def run_load(base: str, tokens: list[str], concurrency: int, n: int, stream: bool) -> dict:
+PROTOCOLS = ("chat", "responses", "messages", "gemini")
+
+
+def request(protocol: str, prompt: str, stream: bool, token: str) -> tuple[str, dict, dict]:
+    """One request of ``protocol`` asking the same as the chat one: (path, body, headers)."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    if protocol == "responses":
+        return "/v1/responses", {"model": "m", "max_output_tokens": 16, "stream": stream, "input": prompt}, headers
+    if protocol == "messages":
+        return "/v1/messages", {"model": "m", "max_tokens": 16, "stream": stream,
+                                "messages": [{"role": "user", "content": prompt}]}, headers
+    if protocol == "gemini":
+        path = "/v1beta/models/m:" + ("streamGenerateContent?alt=sse" if stream else "generateContent")
+        return path, {"contents": [{"role": "user", "parts": [{"text": prompt}]}],
+                      "generationConfig": {"maxOutputTokens": 16}}, {"x-goog-api-key": token,
+                                                                     "Content-Type": "application/json"}
+    return "/v1/chat/completions", {"model": "m", "max_tokens": 16, "stream": stream,
+                                    "messages": [{"role": "user", "content": prompt}]}, headers
+
+
+async def run_load(base: str, tokens: list[str], concurrency: int, n: int, stream: bool, protocol: str = "chat") -> dict:
     """``n`` requests from ``concurrency`` clients; returns latencies (ms) and requests/s."""
     latencies: list[float] = []
     filler = "lorem ipsum dolor sit amet " * 300  # ~8 KB
@@ -121,12 +147,10 @@ async def run_load(base: str, tokens: list[str], concurrency: int, n: int, strea
     counter = iter(range(8 * concurrency))  # warm-up: every prompt once
 
     async def client(k: int, session: aiohttp.ClientSession):
-        headers = {"Authorization": f"Bearer {tokens[k]}", "Content-Type": "application/json"}
         for i in counter:
-            body = {"model": "m", "max_tokens": 16, "stream": stream,
-                    "messages": [{"role": "user", "content": prompts[k][i % 8]}]}
+            path, body, headers = request(protocol, prompts[k][i % 8], stream, tokens[k])
             t0 = time.perf_counter()
-            async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
+            async with session.post(base + path, json=body, headers=headers) as resp:
                 if stream:
                     async for _ in resp.content:
                         pass
@@ -185,7 +209,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests per configuration")
     ap.add_argument("--server", choices=("own", "uvicorn"), default="own",
                     help="what serves the recording proxy: its own HTTP server (openforge proxy) or uvicorn")
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="chat",
+                    help="the wire protocol of the proxied load (the direct load is chat completions)")
     args = ap.parse_args()
+    with_bare = args.protocol == "chat"   # the bare pass-through forwards chat completions only
     sizes = {1: 250, 16: 800, 64: 1600} if not args.quick else {1: 50, 16: 200, 64: 400}
 
     tmp = Path(tempfile.mkdtemp(prefix="of-bench-proxy-"))
@@ -217,19 +244,22 @@ def main() -> None:
         for stream in (False, True):
             for c, n in sizes.items():
                 label = f"c{c}{'_stream' if stream else ''}"
-                console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct, bare, proxied[/]")
+                console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct"
+                              f"{', bare' if with_bare else ''}, proxied ({args.protocol})[/]")
                 rounds = {"direct": [], "bare": [], "proxied": []}
                 own_before = overhead_buckets(proxied)
                 for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits all three alike
                     rounds["direct"].append(asyncio.run(run_load(direct, tokens, c, n // ROUNDS, stream)))
                     b0 = cpu_seconds(passthrough.pid)
-                    rounds["bare"].append(asyncio.run(run_load(bare, tokens, c, n // ROUNDS, stream)))
+                    rounds["bare"].append(asyncio.run(run_load(bare, tokens, c, n // ROUNDS, stream))
+                                          if with_bare else None)
                     bare_cpu += cpu_seconds(passthrough.pid) - b0
                     c0 = cpu_seconds(proxy.pid)
-                    rounds["proxied"].append(asyncio.run(run_load(proxied, tokens, c, n // ROUNDS, stream)))
+                    rounds["proxied"].append(asyncio.run(run_load(proxied, tokens, c, n // ROUNDS, stream,
+                                                                  args.protocol)))
                     cpu += cpu_seconds(proxy.pid) - c0
                     recorded += n // ROUNDS + 8 * c
-                results[label] = {target: pooled(r) for target, r in rounds.items()}
+                results[label] = {target: pooled(r) if None not in r else None for target, r in rounds.items()}
                 results[label]["own_p50_ms"] = bucket_median_ms(own_before, overhead_buckets(proxied))
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
@@ -243,14 +273,24 @@ def main() -> None:
                 "direct rps", "proxied rps", "ratio", "bare ratio"):
         table.add_column(col, justify="right")
     for label, r in results.items():
-        d, p, b = r["direct"], r["proxied"], r["bare"]
-        table.add_row(label, f"{d['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{b['p50'] - d['p50']:.2f}",
-                      f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}", f"{b['p99'] - d['p99']:.2f}",
-                      f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}", f"{b['rps'] / d['rps']:.2f}")
+        d, p = r["direct"], r["proxied"]
+        b = r["bare"] or {"p50": float("nan"), "p99": float("nan"), "rps": float("nan")}   # nan: shown as n/a
+        row = [f"{d['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{b['p50'] - d['p50']:.2f}",
+               f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}", f"{b['p99'] - d['p99']:.2f}",
+               f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}", f"{b['rps'] / d['rps']:.2f}"]
+        table.add_row(label, *[x.replace("nan", "n/a") for x in row])
     console.print(table)
 
     def added(label, q):
         return round(results[label]["proxied"][q] - results[label]["direct"][q], 3)
+
+    def bare_added(label, q):
+        b = results[label]["bare"]
+        return round(b[q] - results[label]["direct"][q], 3) if b else None
+
+    def bare_ratio(label):
+        b = results[label]["bare"]
+        return round(b["rps"] / results[label]["direct"]["rps"], 3) if b else None
 
     out = {
         "added_p50_ms_c1": added("c1", "p50"),
@@ -264,21 +304,20 @@ def main() -> None:
                                              / results["c64_stream"]["direct"]["rps"], 3),
         "direct_rps_c64": round(results["c64"]["direct"]["rps"], 1),
         "proxied_rps_c64": round(results["c64"]["proxied"]["rps"], 1),
-        "bare_added_p50_ms_c1": round(results["c1"]["bare"]["p50"] - results["c1"]["direct"]["p50"], 3),
-        "bare_added_p50_ms_c16": round(results["c16"]["bare"]["p50"] - results["c16"]["direct"]["p50"], 3),
-        "bare_added_p50_ms_c16_stream": round(results["c16_stream"]["bare"]["p50"]
-                                              - results["c16_stream"]["direct"]["p50"], 3),
-        "bare_throughput_ratio_c64": round(results["c64"]["bare"]["rps"] / results["c64"]["direct"]["rps"], 3),
-        "bare_throughput_ratio_c64_stream": round(results["c64_stream"]["bare"]["rps"]
-                                                  / results["c64_stream"]["direct"]["rps"], 3),
+        "bare_added_p50_ms_c1": bare_added("c1", "p50"),   # None with --protocol other than chat
+        "bare_added_p50_ms_c16": bare_added("c16", "p50"),
+        "bare_added_p50_ms_c16_stream": bare_added("c16_stream", "p50"),
+        "bare_throughput_ratio_c64": bare_ratio("c64"),
+        "bare_throughput_ratio_c64_stream": bare_ratio("c64_stream"),
         # the proxy's own time per call, measured inside it (request in to answer out, less the upstream's share);
         # the rest of added_p50 is the extra loopback hop and process wake-ups, which the bare pass-through pays too
         "proxy_own_p50_ms_c1": _round(results["c1"]["own_p50_ms"]),  # None against a proxy without the metric
         "proxy_own_p50_ms_c16": _round(results["c16"]["own_p50_ms"]),
         "cpu_ms_per_call": round(cpu * 1000 / recorded, 3),
-        "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3),
+        "bare_cpu_ms_per_call": round(bare_cpu * 1000 / recorded, 3) if with_bare else None,
         "store_dead_letters": stored.get("dead_letters"),
         "server": args.server,
+        "protocol": args.protocol,
     }
     print(json.dumps(out))
 

@@ -32,6 +32,7 @@ EXCLUSION_REASONS = (
     "logprob_mismatch",  # the call's logprobs are not one per completion token
     "redacted",  # a call's text was redacted: its token ids still carry the secret (invariant 9)
     "erased",  # the rollout was erased (openforge erase, retention): its tombstone says by whom and why
+    "harness_self_call",  # a call the harness made for itself (a title, a routing check): not its work on the task
 )
 
 REWARD_SOURCES = ("verifier", "judge", "human", "api")

@@ -53,6 +53,9 @@ def export_command(
                                               "group (advantages still over the whole recorded group)."),
     include_redacted: bool = typer.Option(False, "--include-redacted", help="Export rollouts with a redacted call "
                                           "(their token ids still carry the secret)."),
+    include_self_calls: bool = typer.Option(False, "--include-self-calls", help="Train on the calls a harness makes "
+                                            "for itself (titles, routing, summaries: metadata.harness_self_call); "
+                                            "left out by default, each with its exclusion."),
     as_of: Optional[int] = typer.Option(None, "--as-of", help="Watermark to pin (default: the current one)."),
     out: Optional[str] = typer.Option(None, "--out", help="New folder or s3://BUCKET/PREFIX for the shards and "
                                       "manifest.json (credentials: OPENFORGE_S3_* or AWS_*)."),
@@ -105,7 +108,7 @@ def export_command(
         cfg = ExportConfig(format=format, reward_sources=tuple(reward_source) or None, where=where, max_policy_lag=max_policy_lag, min_group_size=min_group_size,
                            keep_truncated=keep_truncated, norm_by_std=not no_std, group_where=group_where,
                            allow_partial_groups=allow_partial_groups, include_redacted=include_redacted,
-                           rollout_is=rollout_is, rollout_is_cap=rollout_is_cap, rollout_is_version=rollout_is_version,
+                           include_self_calls=include_self_calls, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap, rollout_is_version=rollout_is_version,
                            rollout_is_scorer=rollout_is_scorer, call_cost=call_cost)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:

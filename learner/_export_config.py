@@ -35,6 +35,7 @@ class ExportConfig:
     group_where: str | None = None  # keep a group whole when any of its rollouts matches (``--where`` language)
     allow_partial_groups: bool = False  # a ``--where`` may keep part of a GRPO group (advantages: whole group)
     include_redacted: bool = False  # export rollouts with a redacted call (their token ids carry the secret)
+    include_self_calls: bool = False  # train on the calls a harness makes for itself (titles, routing, summaries)
     # off-policy weights (veRL shards): learner._rollout_weights' mode, its cap, the version whose re-score gives the
     # trainer's logprobs (None: the current policy version as of the watermark) and the scorer of that re-score
     rollout_is: str | None = None
@@ -66,6 +67,8 @@ class ExportConfig:
                 del d[k]
         if not self.call_cost:   # nor do exports without shaping
             del d["call_cost"]
+        if not self.include_self_calls:   # nor those that leave self-calls out (older stores have none marked)
+            del d["include_self_calls"]
         return d
 
     @classmethod
@@ -91,6 +94,17 @@ def redactions(calls: list[StoredCall]) -> dict[str, list[str]]:
         if rules:
             out[c.id] = sorted(map(str, rules)) if isinstance(rules, (list, tuple)) else [str(rules)]
     return out
+
+
+def split_self_calls(calls: list, keep: bool) -> tuple[list, dict[str, str]]:
+    """(the calls that may become training data, call id -> kind of each harness self-call left out): a call the
+    proxy marked as one the harness made for itself (its metadata's ``harness_self_call``, ``proxy._self_calls``:
+    a title, a routing or loop check, a history summary) is not the harness's work on the task, so the task's reward
+    says nothing of it; ``keep`` (``--include-self-calls``) keeps them."""
+    if keep:
+        return calls, {}
+    marked = {c.id: str(kind) for c in calls if (kind := (c.metadata or {}).get("harness_self_call"))}
+    return ([c for c in calls if c.id not in marked] if marked else calls), marked
 
 
 PURPOSES = ("train", "eval", "teacher")

@@ -33,7 +33,7 @@ A rollout past these has a reward that is a fair sample of the policy: it belong
    target size).
 
 Rules 2 and 8 do not apply to the SFT format (it needs no reward). Calls are then excluded one by one:
-``store_damaged`` (the store cannot give the call back: the database refused it, or its stored delta lost its
+``harness_self_call`` (a harness's own title, routing or summary call, unless ``include_self_calls``), ``store_damaged`` (the store cannot give the call back: the database refused it, or its stored delta lost its
 base; the rollout's other calls are used), ``infra_error``, ``not_token_exact``, ``truncated``,
 ``logprob_mismatch`` (see :mod:`learner._reconstruct`; the SFT format's own rules are in :mod:`learner._sft`); a
 rollout whose calls are all excluded still counts in its group's GRPO statistics, since its reward is a fair
@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 
 from forge_store import RewardInfo, RolloutInfo, Store, StoredCall, TokenCall, erased_rollouts
 
-from ._export_config import PURPOSES, Exclusion, ExportConfig, ExportError, redactions, rollout_purpose, where_row
+from ._export_config import (PURPOSES, Exclusion, ExportConfig, ExportError, redactions, rollout_purpose,
+                             split_self_calls, where_row)
 from ._grpo import group_advantages, policy_lag, policy_order, segment_values
 from ._query import parse_where
 from ._reconstruct import CallExclusion, Reconstruction, reconstruct_rollout, reconstruct_tokens
@@ -370,14 +371,17 @@ class Planner:
             self.tally.calls += len(rp.calls)
             for d in damage.get(rp.info.id, ()):
                 self._exclude("store_damaged", rp.info.id, d["call_id"], seq=d["seq"], why=d["why"])
+            calls, marked = split_self_calls(rp.calls, cfg.include_self_calls)
+            for call_id, kind in marked.items():
+                self._exclude("harness_self_call", rp.info.id, call_id, kind=kind)
             if self.token_level:
                 rebuild = reconstruct_tokens if self.token_reads else reconstruct_rollout
-                rp.recon = rebuild(rp.calls, keep_truncated=cfg.keep_truncated)
+                rp.recon = rebuild(calls, keep_truncated=cfg.keep_truncated)
                 self.tally.merged += rp.recon.merged
                 for ex in rp.recon.excluded:
                     self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
             else:
-                rp.convs, excluded = sft_conversations(rp.calls, keep_truncated=cfg.keep_truncated)
+                rp.convs, excluded = sft_conversations(calls, keep_truncated=cfg.keep_truncated)
                 for ex in excluded:
                     self._exclude(ex.reason, rp.info.id, ex.call_id, **ex.detail)
         if self.token_level:  # over the group as recorded: every rollout in its statistics, shown or not

@@ -115,7 +115,7 @@ def replica_journal(journal_name: str, replica_id: str, settings: Settings) -> t
 def _pool(urls: str | Sequence[str], settings: ProxySettings, dialect: str, api_key: str | None,
           probe: bool = True) -> UpstreamPool:
     """The engine replicas (``proxy._upstream.pool``). Several are probed first (unless not ``probe``): replicas
-    of another engine or other models are refused here (ValueError: value, rule, fix); one alone is not (the proxy
+    of another engine are refused here (ValueError: value, rule, fix); one alone is not (the proxy
     starts without it)."""
     urls = [urls] if isinstance(urls, str) else list(urls)
     make = partial(Upstream, api_key=api_key, connect_timeout_s=settings.connect_timeout_s,

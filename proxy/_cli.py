@@ -16,8 +16,9 @@ def proxy_command(
                                        "OpenAI-compatible endpoint), e.g. http://127.0.0.1:8000. Repeat it for "
                                        "engine replicas: calls are balanced by load (outstanding requests plus "
                                        "bound rollouts) with rollout affinity; every replica must be the same "
-                                       "engine with the same models (checked at start). Change them with the "
-                                       "/admin/upstreams routes."),
+                                       "engine (checked at start); replicas may serve different models (a teacher "
+                                       "beside the policy): a call goes to one that serves its model. Change them "
+                                       "with the /admin/upstreams routes."),
     store: Optional[str] = typer.Option(None, "--store", help="Store URL (default: the embedded SQLite store)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8100, "--port", help="Port to listen on."),

@@ -27,6 +27,10 @@ class CallHeaders:
 
     token: str | None = None  # Authorization: Bearer ..., else x-api-key (x-goog-api-key: the Gemini API's)
     content_length: str | None = None
+    # what tells a harness's own utility calls (``proxy._self_calls``): read, never stored
+    self_call: str | None = None  # X-OpenForge-Self-Call
+    codex_turn: str | None = None  # Codex CLI's x-codex-turn-metadata
+    subagent: str | None = None  # Codex CLI's x-openai-subagent
 
     @classmethod
     def from_asgi(cls, raw: list[tuple[bytes, bytes]]) -> CallHeaders:
@@ -39,6 +43,13 @@ class CallHeaders:
                 api_key = value.decode("latin-1") or None
             elif name == b"content-length":
                 h.content_length = value.decode("latin-1")
+            elif name[:2] == b"x-":
+                if name == b"x-openforge-self-call":
+                    h.self_call = value.decode("latin-1")
+                elif name == b"x-codex-turn-metadata":
+                    h.codex_turn = value.decode("latin-1")
+                elif name == b"x-openai-subagent":
+                    h.subagent = value.decode("latin-1")
         h.token = h.token or api_key
         return h
 

@@ -12,7 +12,8 @@ under: the upstream receives that version's ``model_name`` whatever name the req
 both (``model``: served; ``metadata.model_requested``: what the harness asked for, where it differed). The answer
 still names the model the client asked for, so the harness sees nothing change. ``ProxySettings.model_map`` keeps
 names the operator wants kept: a requested name mapped to a policy version is served by that version's model and
-recorded under that version, never under the active one (a teacher served by the same engine). A version's model
+recorded under that version, never under the active one (a teacher served by the same engine, or by engine replicas
+of its own beside the policy's: the pool sends a call only to a replica that serves its model). A version's model
 name is learned when it is registered or activated through this proxy, else read from the store, off the call's
 path, the first time a call is recorded under it; until then calls go out with the name they asked for.
 """
@@ -48,16 +49,19 @@ class ServedModels:
         for row in rows:
             self.learn(row.get("id"), row.get("model_name"))
 
-    def choose(self, asked: str | None, active: str | None) -> tuple[str | None, str | None]:
-        """(the policy version the call is recorded under, the model name the upstream receives)."""
-        if asked is not None and asked in self.keep:
+    def choose(self, asked: str | None, active: str | None) -> tuple[str | None, str | None, bool]:
+        """(the policy version the call is recorded under, the model name the upstream receives, whether the proxy
+        chose that name: a kept one, or the version's own; then only a replica that serves it may take the call,
+        ``proxy._upstream.pool``)."""
+        kept = asked is not None and asked in self.keep
+        if kept:
             version = self.keep[asked]
         elif not self.pin or active is None:
-            return active, asked
+            return active, asked, False
         else:
             version = active
         served = self.by_version.get(version)
         if served is None and self.store is not None and version not in self._asked:  # once, off the call's path
             self._asked.add(version)
             asyncio.get_running_loop().run_in_executor(None, self.lookup, version)
-        return version, served or asked
+        return version, served or asked, kept or served is not None

@@ -16,7 +16,6 @@ reply.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -27,6 +26,7 @@ import orjson
 from forge_store import FINISH_REASON_MAX, CallDraft, CallRecord, InvalidRecord, Store
 
 from ._budgets import BUDGET_EXCEEDED
+from ._call_ids import _call_ids
 from ._errors import ProxyError, UpstreamFailure
 from ._exchange import JSON, CallHeaders, Last, Receive, Reply, StreamReply, parse_json, read_body
 from ._failover import Failover
@@ -35,27 +35,12 @@ from ._protocols.completion import Completion, loads_answer
 from ._protocols.contract import Translation, WireProtocol
 from ._redaction import Redactor
 from ._rollouts import Binding, RolloutRegistry
+from ._self_calls import KEY as SELF_CALL
+from ._self_calls import self_call
 from ._upstream import Pending, Replica, UpstreamPool
 
 log = logging.getLogger("proxy")
 
-
-class _CallIds:
-    """Call ids: 32 hex digits like ``uuid4().hex``, from a random 64-bit prefix per process and a counter: one
-    ``getrandom`` per process (and per fork) instead of a system call and a ``UUID`` object per call."""
-
-    def __init__(self):
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._prefix, self._count = os.urandom(8).hex(), itertools.count()
-
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._count):016x}"
-
-
-_call_ids = _CallIds()
 
 # The CPU to the upstream, once a lone call is on its way (see ``ProxyService.call``); a no-op where there is none.
 _sched_yield = getattr(os, "sched_yield", lambda: None)
@@ -65,13 +50,14 @@ class _Call:
     """One call's state on its way through the service: what the client sent, its translation, and the current
     attempt's draft, sequence number and start time (a failover's retry gets new ones)."""
 
-    __slots__ = ("protocol", "binding", "body", "tr", "t0", "draft", "seq", "started", "version")
+    __slots__ = ("protocol", "binding", "body", "tr", "t0", "draft", "seq", "started", "version", "route")
 
     def __init__(self, protocol: WireProtocol, binding: Binding, body: dict, tr: Translation, t0: float,
                  draft: CallDraft, started: datetime):
         self.protocol, self.binding, self.body, self.tr, self.t0 = protocol, binding, body, tr, t0
         self.draft, self.seq, self.started = draft, binding.next_seq(), started
         self.version: str | None = None  # the policy version current when the call was admitted
+        self.route: tuple[str | None, bool] = (None, False)  # the model it is sent for, and whether the proxy chose it
 
     @property
     def rec(self) -> CallRecord:
@@ -108,6 +94,8 @@ class ProxyService:
         if (recall := protocol.recall(body, binding.rollout_id)) is not None:  # what another replica holds
             await recall
         tr = protocol.translate(body, self.dialect, binding.rollout_id)
+        if (kind := self_call(headers, tr.messages)) is not None:  # the harness's own utility call, marked
+            tr.notes[SELF_CALL] = kind
         draft = self.store.begin_call(binding.rollout_id, tr.messages, tr.tools, redact=self._redact_copy)
         call = _Call(protocol, binding, body, tr, t0, draft, started)
         if draft.holds_images:
@@ -120,7 +108,7 @@ class ProxyService:
             raise over
         self._pin(call, await self.rollouts.enter())
         try:
-            reply = await Failover(self.upstream, binding.rollout_id).run(
+            reply = await Failover(self.upstream, binding.rollout_id, *call.route).run(
                 lambda replica, retry: self._attempt(call, replica, retry))
         except BaseException:
             self.rollouts.leave()
@@ -168,7 +156,8 @@ class ProxyService:
         """The version the call is recorded under and the model that answers it: the active version's model,
         whatever name the request asked for, unless that name is one the operator keeps (``proxy._models``)."""
         asked = call.tr.upstream.get("model")
-        call.version, served = self.rollouts.models.choose(asked, active)
+        call.version, served, chosen = self.rollouts.models.choose(asked, active)
+        call.route = (served, chosen)
         if served != asked:   # recorded: the model that answered, and (metadata) the one asked for
             call.tr.upstream["model"], call.tr.notes["model_requested"] = served, asked
 

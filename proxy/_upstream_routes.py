@@ -33,7 +33,8 @@ def upstream_routes(router: APIRouter, service: ProxyService, fleet: Fleet) -> N
     @router.post("/admin/upstreams")
     async def add_upstream(request: Request, body: UpstreamIn):
         """Add a replica, or bring a draining or refused one back. It is asked ``GET /v1/models`` first: 424 if it
-        cannot be asked, 409 if it is another engine (token-id dialect) or serves other models than the others."""
+        cannot be asked, 409 if it is another engine (token-id dialect). It may serve other models than the others: calls go to the
+        replicas that serve theirs."""
         async with fleet.change(request):
             return await fleet.forward(request, await pool.add(body.url))
 

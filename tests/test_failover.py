@@ -10,19 +10,23 @@ import pytest
 from proxy import UpstreamFailure
 from proxy._failover import Failover
 from proxy._upstream import Upstream, UpstreamPool
+from proxy._upstream.engine_info import EngineInfo
 
 URLS = ["http://127.0.0.1:9101", "http://127.0.0.1:9102", "http://127.0.0.1:9103"]
 
 
-def _pool(urls=URLS) -> UpstreamPool:
-    return UpstreamPool([Upstream(u) for u in urls], dialect="vllm", make=Upstream)
+def _pool(urls=URLS, models: list[tuple[str, ...]] | None = None) -> UpstreamPool:
+    """``models``: what each replica's /v1/models lists (as a probe at start would have found), else unknown."""
+    infos = {u: EngineInfo("vllm", "vllm", m) for u, m in zip(urls, models)} if models else None
+    return UpstreamPool([Upstream(u) for u in urls], dialect="vllm", make=Upstream, infos=infos)
 
 
 def _unreachable(url: str) -> UpstreamFailure:
     return UpstreamFailure(502, f"cannot connect to {url}", "upstream_unreachable")
 
 
-def _run(pool: UpstreamPool, rollout_id: str | None, answers: dict[str, UpstreamFailure | str]):
+def _run(pool: UpstreamPool, rollout_id: str | None, answers: dict[str, UpstreamFailure | str],
+         model: str | None = None, chosen: bool = False):
     """Run a call whose attempt at each replica fails or answers as ``answers`` says; each failed attempt names its
     call (``call-<n>``), as the service's recorded failures do. Returns (result, attempts as (url, retry))."""
     attempts: list[tuple[str, tuple[str, str] | None]] = []
@@ -36,7 +40,7 @@ def _run(pool: UpstreamPool, rollout_id: str | None, answers: dict[str, Upstream
             raise failure
         return outcome
 
-    failover = Failover(pool, rollout_id)
+    failover = Failover(pool, rollout_id, model, chosen)
     return asyncio.run(failover.run(attempt)), attempts
 
 
@@ -74,3 +78,31 @@ def test_one_replica_is_never_failed_over():
     with pytest.raises(UpstreamFailure, match="cannot connect"):
         _run(pool, "r1", {URLS[0]: _unreachable(URLS[0])})
     assert pool.replicas[0].failures == 1 and pool.replicas[0].state == "up"  # nowhere else: it stays tried
+
+
+# ---- replicas that serve different models (a teacher beside the policy) ----------------------------------------------
+POLICY, TEACHERS = URLS[0], URLS[1:]
+MODELS = [("policy-a",), ("teacher-big",), ("teacher-big",)]
+
+
+def test_a_call_fails_over_only_to_a_replica_that_serves_its_model():
+    pool = _pool(models=MODELS)
+    answers = {u: "answer from " + u for u in URLS}
+    first = pool.pick("r1", "teacher-big", True)
+    first.calls -= 1
+    result, attempts = _run(pool, "r1", answers | {first.url: _unreachable(first.url)}, "teacher-big", True)
+    assert first.url in TEACHERS and [a[0] for a in attempts] == [first.url, *(set(TEACHERS) - {first.url})]
+    assert result == "answer from " + attempts[1][0]
+    with pytest.raises(UpstreamFailure, match="cannot connect"):   # the policy's one replica: nowhere else to go
+        _run(pool, "r1", answers | {POLICY: _unreachable(POLICY)}, "policy-a", True)
+
+
+def test_rollout_affinity_is_per_model_and_ends_with_the_rollout():
+    pool = _pool(models=MODELS)
+    picks = [(pool.pick("r1", "policy-a", True).url, pool.pick("r1", "teacher-big", True).url) for _ in range(4)]
+    assert {p for p, _ in picks} == {POLICY} and len({t for _, t in picks}) == 1 and picks[0][1] in TEACHERS
+    assert sum(r.bound for r in pool.replicas) == 2
+    pool.forget("r1")
+    assert sum(r.bound for r in pool.replicas) == 0
+    other = pool.pick("r2", "unlisted", False)   # a name no replica lists, not chosen by the proxy: any replica
+    assert other.url in URLS

@@ -4,7 +4,8 @@ proxy, 64 concurrent rollouts through the official OpenAI SDK over loopback.
 What must hold: calls spread within 10% across healthy replicas; every call of a rollout goes to one replica while it
 is healthy; a replica killed (SIGKILL) mid-run loses no call a client received in full (every answer a client got
 is in the store exactly once), the calls it broke are recorded as failed and retried on another replica
-(``retry_of``, ``failover_from``); replicas of another engine or other models are refused at start and when added;
+(``retry_of``, ``failover_from``); replicas of another engine are refused at start and when added (replicas of other
+models are admitted: tests/test_model_replicas.py routes by model);
 the admin routes list, add, drain and remove replicas; a replica that comes back is marked up again."""
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _double(tokenizer, **kw) -> tuple[ScriptedUpstream, UpstreamServer, str]:
     return double, server, server.start()
 
 
-def test_other_engines_and_models_are_refused_at_start_and_when_added(tokenizer, tmp_path):
+def test_other_engines_are_refused_and_other_models_admitted_at_start_and_when_added(tokenizer, tmp_path):
     _, s1, vllm_a = _double(tokenizer)
     _, s2, vllm_b = _double(tokenizer)
     _, s3, plain = _double(tokenizer, owned_by="openai")
@@ -209,9 +210,9 @@ def test_other_engines_and_models_are_refused_at_start_and_when_added(tokenizer,
                         store_url=f"sqlite:///{tmp_path / 'a.sqlite'}")
         msg = str(refused.value)
         assert plain in msg and "'openai'" in msg and "'vllm' dialect" in msg and "own proxy" in msg
-        with pytest.raises(ValueError, match="serves"):
-            build_proxy([vllm_a, other_model], settings=Settings(home=tmp_path / "h2"),
-                        store_url=f"sqlite:///{tmp_path / 'b.sqlite'}")
+        mixed = build_proxy([vllm_a, other_model], settings=Settings(home=tmp_path / "h2"),
+                            store_url=f"sqlite:///{tmp_path / 'b.sqlite'}")
+        mixed.store.close()
         cli = subprocess.run([sys.executable, "-m", "openforge.cli", "proxy", "--upstream", vllm_a, "--upstream", plain,
                               "--port", "0", "--store", f"sqlite:///{tmp_path / 'c.sqlite'}"], capture_output=True,
                              text=True, timeout=120, env={**os.environ, "OPENFORGE_HOME": str(tmp_path / "h3")})
@@ -222,7 +223,9 @@ def test_other_engines_and_models_are_refused_at_start_and_when_added(tokenizer,
             r = routed.px.admin("POST", "/admin/upstreams", json={"url": plain})
             assert r.status_code == 409 and r.json()["error"]["code"] == "dialect_mismatch", r.text
             r = routed.px.admin("POST", "/admin/upstreams", json={"url": other_model})
-            assert r.status_code == 409 and "someone/else" in r.text
+            assert r.status_code == 200 and r.json()["models"] == ["someone/else"], r.text
+            r = routed.px.admin("POST", "/admin/upstreams/remove", json={"url": other_model})
+            assert r.status_code == 200, r.text
             r = routed.px.admin("POST", "/admin/upstreams", json={"url": "http://127.0.0.1:9"})
             assert r.status_code == 424 and r.json()["error"]["code"] == "upstream_unreachable"
             r = routed.px.admin("POST", "/admin/upstreams", json={"url": "ftp://x"})

@@ -1,5 +1,6 @@
 """What an engine replica is (``EngineInfo``, from its ``GET /v1/models``) and whether it may serve beside the
-others behind one proxy (``mismatch``): the same engine, so one token-id dialect, and the same models.
+others behind one proxy (``mismatch``): the same engine, so one token-id dialect (the models may differ: the pool
+sends each call to a replica that serves its model).
 ``check_replicas`` asks every replica before the proxy starts."""
 
 from __future__ import annotations
@@ -68,10 +69,6 @@ def mismatch(url: str, info: EngineInfo, dialect: str, others: Sequence[tuple[st
             return (f"upstream {url} is a {info.engine!r} server (owned_by={info.owned_by!r}) but {other_url} is a "
                     f"{other.engine!r} one: replicas behind one proxy must be the same engine (one token-id "
                     f"dialect); serve the other engine through its own proxy")
-        if other.models != info.models:
-            return (f"upstream {url} serves {list(info.models)} but {other_url} serves {list(other.models)}: "
-                    "replicas must serve the same models (a rollout moved to another replica must meet the same "
-                    "policy); start it with the same model, or serve it through its own proxy")
     return None
 
 
@@ -79,7 +76,7 @@ def check_replicas(urls: Sequence[str], dialect: str, make: Callable[[str], Upst
                    timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, EngineInfo | None]:
     """Probe every replica before the proxy starts (in a thread with its own loop, whoever calls): url -> what it
     is (None: unreachable now; it joins as down and is probed again by the health check). ValueError naming the
-    replica, the rule and the fix if two are the same URL or do not match."""
+    replica, the rule and the fix if two are the same URL or are different engines."""
     clients = [make(u) for u in urls]
     seen: dict[str, str] = {}
     for given, c in zip(urls, clients):

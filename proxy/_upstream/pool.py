@@ -14,10 +14,16 @@ operator says so (no new calls; calls in flight finish) and ``refused`` when its
 others' (see ``probe``); neither ever gets a call.
 
 One dialect per proxy: the proxy asks the engine for token ids in one dialect (``--dialect``), so every replica must
-be that engine (vLLM's ``return_token_ids``, SGLang's) and serve the same models; a replica whose ``/v1/models``
-says otherwise is refused, at start (``check_replicas``) and when added (``add``), with the value, the rule and the
-fix. What the failed attempt and its retry on another replica look like in the store is the service's business
-(``proxy._service``): the pool only says whether another replica can take the call.
+be that engine (vLLM's ``return_token_ids``, SGLang's); a replica whose ``/v1/models`` says otherwise is refused, at
+start (``check_replicas``) and when added (``add``), with the value, the rule and the fix. Replicas may serve
+different models (issue 32: a teacher served beside the policy): a call goes only to a replica whose
+``/v1/models`` lists its model (the one ``proxy._models`` chose: the policy version's, or a name the operator keeps),
+with rollout affinity per model, and a failover only to another replica that serves it. A model that the proxy chose
+and no replica serves is refused (503 ``model_not_served``: the value, the rule, the fix); a name the harness chose
+itself that no replica lists goes where any call goes, and the engine answers it. Where every replica serves the
+same models nothing of this runs per call (``_serving`` is None). What the failed attempt and its retry on another
+replica look like in the store is the service's business (``proxy._service``): the pool only says whether another
+replica can take the call.
 """
 
 from __future__ import annotations
@@ -26,43 +32,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
 
 from .._errors import ProxyError, UpstreamFailure
 from .client import Upstream
 from .engine_info import EngineInfo, mismatch, probe
+from .replica import DOWN, DRAINING, REFUSED, UP, Replica
 
 log = logging.getLogger("proxy.upstreams")
-
-UP, DOWN, DRAINING, REFUSED = "up", "down", "draining", "refused"
-
-
-@dataclass(eq=False)
-class Replica:
-    url: str
-    client: Upstream
-    state: str = UP
-    info: EngineInfo | None = None  # None until a probe reached it
-    calls: int = 0  # calls routed here
-    failures: int = 0  # connection failures and failed health checks
-    bound: int = 0  # rollouts bound here
-    last_error: str | None = None
-    changed_at: float = field(default_factory=time.time)
-
-    def set_state(self, state: str, error: str | None = None) -> None:
-        if state != self.state:
-            log.warning("upstream %s: %s -> %s%s", self.url, self.state, state, f" ({error})" if error else "")
-            self.state, self.changed_at = state, time.time()
-        if error is not None:
-            self.last_error = error
-
-    def describe(self) -> dict:
-        info = self.info
-        return {"url": self.url, "state": self.state, "engine": info.engine if info else None,
-                "owned_by": info.owned_by if info else None, "models": list(info.models) if info else None,
-                "outstanding": self.client.outstanding, "calls": self.calls, "failures": self.failures,
-                "rollouts": self.bound, "last_error": self.last_error, "since": self.changed_at}
-
 
 class UpstreamPool:
     """The replicas (``Replica``), the rollouts bound to them, and their health. See the module docstring."""
@@ -75,7 +51,10 @@ class UpstreamPool:
         self.dialect, self._make, self.health_interval_s, self.max_bound = dialect, make, health_interval_s, max_bound
         self.replicas = [Replica(c.base_url, c, DOWN if infos and infos.get(c.base_url, 0) is None else UP,
                                  (infos or {}).get(c.base_url)) for c in clients]
-        self._bound: dict[str, Replica] = {}  # rollout id -> its replica, oldest binding first
+        # rollout id -> its replica, oldest binding first; (rollout id, model) for a model only some replicas serve
+        self._bound: dict[str | tuple[str, str], Replica] = {}
+        self._sides: dict[str, list[tuple[str, str]]] = {}  # rollout id -> its (rollout id, model) bindings
+        self._serving: dict[str, tuple[Replica, ...]] | None = None  # model -> its replicas; None: all serve the same
         self._health: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # admin changes, one at a time
         self._only: Replica | None = None
@@ -86,6 +65,20 @@ class UpstreamPool:
         all, whatever its health says (``pick``'s fast path)."""
         one = self.replicas[0] if len(self.replicas) == 1 else None
         self._only = one if one is not None and one.state in (UP, DOWN) else None
+        self._index()
+
+    def _index(self) -> None:
+        """Which replicas serve which model, when they do not all serve the same (what their ``/v1/models`` said;
+        a replica not reached yet serves nothing here until the health check reaches it)."""
+        known = [r for r in self.replicas if r.info is not None and r.state != REFUSED]
+        if len({r.info.models for r in known}) <= 1:
+            self._serving = None
+            return
+        serving: dict[str, list[Replica]] = {}
+        for r in known:
+            for model in r.info.models:
+                serving.setdefault(model, []).append(r)
+        self._serving = {m: tuple(rs) for m, rs in serving.items()}
 
     @property
     def routing(self) -> bool:
@@ -111,13 +104,17 @@ class UpstreamPool:
             await r.client.close()
 
     # ---- routing (the hot path) -----------------------------------------------------------------------------
-    def pick(self, key: str | None) -> Replica:
-        """The replica for the next call of rollout ``key`` (None: an unbound call). ProxyError 503 if none may
-        take calls (every replica draining or refused)."""
+    def pick(self, key: str | None, model: str | None = None, chosen: bool = False) -> Replica:
+        """The replica for the next call of rollout ``key`` (None: an unbound call) asking for ``model`` (``chosen``:
+        the proxy chose that name, see the module docstring). ProxyError 503 if none may take calls (every replica
+        draining or refused), or none serves a chosen model."""
         only = self._only
         if only is not None:
             only.calls += 1
             return only
+        among = self._among(model, chosen) if self._serving is not None and model is not None else None
+        if among is not None:
+            return self._pick_among(key, model, among)
         if key is not None:
             rep = self._bound.get(key)
             if rep is not None and rep.state == UP:
@@ -129,21 +126,49 @@ class UpstreamPool:
         rep.calls += 1
         return rep
 
-    def _least(self, exclude: Collection[Replica] = ()) -> Replica:
-        up = [r for r in self.replicas if r.state == UP and r not in exclude]
+    def _among(self, model: str, chosen: bool) -> tuple[Replica, ...] | None:
+        """The replicas that serve ``model`` (None: any replica may take it)."""
+        among = self._serving.get(model)
+        if among is None and chosen:
+            served = "; ".join(f"{r.url} serves {list(r.info.models)}" for r in self.replicas if r.info is not None)
+            raise ProxyError(503, f"model {model!r} is served by no engine replica behind this proxy ({served}): a "
+                                  "call goes only to a replica that serves the model it is recorded under (its policy "
+                                  "version's, or a name --model-map keeps); start an engine that serves it and add it "
+                                  "(POST /admin/upstreams or --upstream), or map the name to a version a replica "
+                                  "serves (--model-map NAME=VERSION)", type="server_error", code="model_not_served")
+        return among
+
+    def _pick_among(self, key: str | None, model: str, among: tuple[Replica, ...]) -> Replica:
+        """``pick`` for a model only ``among`` serve: the rollout's replica for that model while it is up."""
+        side = None if key is None else (key, model)
+        rep = self._bound.get(side) if side is not None else None
+        if rep is None or rep.state != UP or rep not in among:
+            rep = self._least(among=among)
+            if side is not None:
+                self._bind(side, rep)
+        rep.calls += 1
+        return rep
+
+    def _least(self, exclude: Collection[Replica] = (), among: Collection[Replica] | None = None) -> Replica:
+        pool = self.replicas if among is None else among
+        up = [r for r in pool if r.state == UP and r not in exclude]
         if not up:  # none known up: a down one may be back before the next check (a failed try is recorded)
-            up = [r for r in self.replicas if r.state == DOWN and r not in exclude]
+            up = [r for r in pool if r.state == DOWN and r not in exclude]
         if not up:
-            states = ", ".join(f"{r.url} {r.state}" for r in self.replicas)
+            states = ", ".join(f"{r.url} {r.state}" for r in pool)
             raise ProxyError(503, f"no upstream takes calls now ({states}); add one (POST /admin/upstreams) or "
                                   "bring a draining one back by adding it again", type="server_error",
                              code="no_upstream")
         return min(up, key=lambda r: r.client.outstanding + r.bound)
 
-    def _bind(self, key: str, rep: Replica) -> None:
+    def _bind(self, key: str | tuple[str, str], rep: Replica) -> None:
         old = self._bound.pop(key, None)
         if old is not None:
             old.bound -= 1
+        elif isinstance(key, tuple):
+            self._sides.setdefault(key[0], []).append(key)
+            if len(self._sides) > self.max_bound:   # rollouts never ended: their bindings were evicted already
+                self._sides.pop(next(iter(self._sides)))
         self._bound[key] = rep
         rep.bound += 1
         if len(self._bound) > self.max_bound:
@@ -152,15 +177,17 @@ class UpstreamPool:
 
     def forget(self, key: str) -> None:
         """Rollout ``key`` ended: it binds nothing any more."""
-        rep = self._bound.pop(key, None)
-        if rep is not None:
-            rep.bound -= 1
+        for k in (key, *self._sides.pop(key, ())):
+            rep = self._bound.pop(k, None)
+            if rep is not None:
+                rep.bound -= 1
 
-    def failed(self, rep: Replica, failure: UpstreamFailure, key: str | None,
-               tried: Collection[Replica] = ()) -> Replica | None:
-        """A call to ``rep`` failed with ``failure``. A connection failure marks it down; if another replica that
-        the call has not ``tried`` can take it, that one is returned (rollout ``key`` bound to it), else None. Other
-        failures (a timeout, the engine's own errors) are the call's answer: None."""
+    def failed(self, rep: Replica, failure: UpstreamFailure, key: str | None, tried: Collection[Replica] = (),
+               model: str | None = None, chosen: bool = False) -> Replica | None:
+        """A call to ``rep`` (for ``model``, as ``pick`` was asked) failed with ``failure``. A connection failure
+        marks it down; if another replica that serves the call's model and that the call has not ``tried`` can take
+        it, that one is returned (rollout ``key`` bound to it), else None. Other failures (a timeout, the engine's
+        own errors) are the call's answer: None."""
         if failure.error_class != "upstream_unreachable":
             return None
         rep.failures += 1
@@ -168,12 +195,15 @@ class UpstreamPool:
             rep.last_error = failure.message
             return None
         rep.set_state(DOWN if rep.state == UP else rep.state, failure.message)
+        among = self._serving.get(model) if self._serving is not None and model is not None else None
+        if among is None and chosen and self._serving is not None:
+            return None  # no other replica serves the model it was sent for
         try:
-            nxt = self._least(exclude=(rep, *tried))
+            nxt = self._least(exclude=(rep, *tried), among=among)
         except ProxyError:
             return None
         if key is not None:
-            self._bind(key, nxt)
+            self._bind(key if among is None else (key, model), nxt)
         nxt.calls += 1
         return nxt
 
@@ -213,8 +243,9 @@ class UpstreamPool:
         return self._lock
 
     async def add(self, url: str) -> dict:
-        """Add a replica (or bring a draining one back): it must answer ``GET /v1/models`` as the same engine with
-        the same models as the others. 424 if it cannot be asked, 409 if it does not match."""
+        """Add a replica (or bring a draining one back): it must answer ``GET /v1/models`` as the same engine as the
+        others (its models may differ: calls go to the replicas that serve theirs). 424 if it cannot be asked, 409 if
+        it is another engine."""
         async with self._admin_lock():
             try:
                 client = self._make(url)
@@ -258,6 +289,7 @@ class UpstreamPool:
                     r.info = await probe(r.client)
                 except (UpstreamFailure, ValueError):
                     pass
+        self._index()
 
     async def remove(self, url: str) -> dict:
         """Take a replica out now: no new call goes there, its rollouts move on their next call, calls in flight
@@ -354,6 +386,7 @@ class UpstreamPool:
                 self.refuse(rep, problem)
                 return
             rep.info = info
+            self._index()
         if rep.state == DOWN:
             rep.set_state(UP)
 

@@ -104,7 +104,7 @@ class MessagesRelay(TranslatingRelay):
 
     def __init__(self, ctx: dict):
         self.ctx, self.chat = ctx, openai_chat.StreamState(openai_chat.Wants(False, False, False))
-        self.failed, self.started = False, False
+        self.started = False
         self.blocks, self.open, self.matched, self.thinking = 0, None, None, ""  # open: (kind, index)
 
     def _head(self) -> bytes:
@@ -117,7 +117,7 @@ class MessagesRelay(TranslatingRelay):
         return sse_event("message_start", {"type": "message_start", "message": msg}) + sse_event(
             "ping", {"type": "ping"})
 
-    ERROR_KIND = "api_error"
+    ERROR_KIND = TRUNCATED_KIND = "api_error"
 
     def _on_chunk(self, chunk: dict) -> bytes:
         self.chat.feed(chunk)
@@ -167,15 +167,7 @@ class MessagesRelay(TranslatingRelay):
     def failure(self, exc: UpstreamFailure) -> bytes:
         return self._fail("overloaded_error" if exc.status == 504 else "api_error", exc.message)
 
-    def result(self) -> Completion:
-        return self.chat.result()
-
-    def end(self) -> bytes:
-        if self.failed:
-            return b""
-        if not self.done:
-            return self._fail("api_error", "the upstream stream ended before the answer was complete")
-        comp = self.chat.result()
+    def _finish(self, comp: Completion) -> bytes:
         out = self._head() + self._close()
         for tc in comp.tool_calls:
             block, index = _tool_use(tc), self.blocks

@@ -40,7 +40,7 @@ class Messages(WireProtocol):
         if not messages:
             raise bad_request("messages: at least one message is required", "messages")
         tools = chat_tools(body.get("tools") or [], notes)
-        up, _ = openai_chat.prepare(chat_request(body, messages, tools), dialect)
+        up, _ = openai_chat.prepare(chat_request(body, messages, tools, notes), dialect)
         ctx = {"id": f"msg_{uuid.uuid4().hex}", "body": body}
         params = {k: v for k, v in body.items() if k not in PROMPT_FIELDS}
         return Translation(messages, tools or None, up, ctx, params, bool(body.get("stream")), notes)

@@ -4,8 +4,14 @@
 messages where they stand; ``text`` / ``image`` blocks become chat parts (base64 images as data URLs, which the
 stored copy moves to the blob store); assistant ``tool_use`` blocks become ``tool_calls`` and ``thinking`` blocks
 ``reasoning_content``; each ``tool_result`` becomes a ``tool`` message, in order. Tools with an ``input_schema`` go
-upstream as functions; Anthropic-hosted tools (web search, ...) cannot and are listed in the call's metadata.
+upstream as functions (with ``strict``; other tool keys are listed in the call's metadata as
+``tool_keys_not_forwarded``); Anthropic-hosted tools (web search, ...) cannot and are listed in the call's metadata.
 ``thinking: enabled|disabled`` is passed to the chat template as ``enable_thinking``.
+
+Every other documented field goes upstream under its chat name, or has its equivalent there (``cache_control``, a
+cache hint: the engine's prefix cache), or is listed in the call's metadata under ``not_forwarded`` by its field path
+(``NOT_SENT``, a thinking or output setting chat has no knob for, ``tool_choice`` without tools): never lost
+silently.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from ..body import check_body, check_image_media_type, check_image_url
 from ..completion import chat_tool_call
 from ..errors import bad_request
 
+NOT_SENT = ("metadata", "service_tier", "container", "mcp_servers", "context_management", "inference_geo",
+            "diagnostics", "speed", "user_profile_id", "workspace_id")  # no chat knob
+_TOOL_KEYS = {"name", "description", "input_schema", "type", "strict", "cache_control"}
 PROMPT_FIELDS = ("messages", "system", "tools")  # what becomes the stored prompt's messages and tools, not params
 _KNOWN = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k",
           "tools", "tool_choice", "thinking", "metadata", "service_tier", "container", "mcp_servers",
@@ -39,6 +48,10 @@ def validate(body: dict) -> None:
                       ("thinking", dict), ("tool_choice", dict)):
         if body.get(key) is not None and not isinstance(body[key], kind):
             raise bad_request(f"{key}: has the wrong type ({type(body[key]).__name__})", key)
+    choice = body.get("tool_choice") or {}
+    if choice.get("type") == "tool" and not isinstance(choice.get("name"), str):
+        raise bad_request("tool_choice: type 'tool' needs the 'name' of the tool to call; pass "
+                          "{\"type\": \"tool\", \"name\": ...}, or type 'any' for any tool", "tool_choice")
     mt = body.get("max_tokens")
     if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < 1):
         raise bad_request(f"max_tokens: {mt!r} is not a positive integer", "max_tokens")
@@ -161,6 +174,10 @@ def chat_tools(tools: list, notes: dict) -> list[dict]:
             fn = {"name": t["name"], "parameters": t["input_schema"]}
             if t.get("description"):
                 fn["description"] = t["description"]
+            if t.get("strict") is not None:   # chat tools take it as they are: structured outputs for the arguments
+                fn["strict"] = t["strict"]
+            if dropped := sorted(set(t) - _TOOL_KEYS):
+                notes.setdefault("tool_keys_not_forwarded", []).extend(f"{t['name']}.{k}" for k in dropped)
             out.append({"type": "function", "function": fn})
         else:
             skipped.append(t.get("type") or t.get("name"))
@@ -176,7 +193,7 @@ def tool_choice(choice: dict):
     return {"auto": "auto", "any": "required", "none": "none"}.get(kind, "auto")
 
 
-def chat_request(body: dict, messages: list[dict], tools: list[dict]) -> dict:
+def chat_request(body: dict, messages: list[dict], tools: list[dict], notes: dict) -> dict:
     """The chat-completions request for a Messages ``body`` whose messages and tools became ``messages``, ``tools``."""
     chat = {k: v for k, v in body.items() if k not in _KNOWN}  # unknown sampling knobs go upstream as they are
     chat.update(model=body.get("model"), messages=messages, stream=bool(body.get("stream")))
@@ -202,7 +219,32 @@ def chat_request(body: dict, messages: list[dict], tools: list[dict]) -> dict:
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output",
                                                                            "schema": fmt.get("schema") or {}}}
+    if missed := not_forwarded(body, tools):
+        notes.setdefault("not_forwarded", []).extend(missed)
     return chat
+
+
+def not_forwarded(body: dict, tools: list[dict]) -> list[str]:
+    """The field paths of ``body`` that do not go upstream (see the module docstring)."""
+    missed = [k for k in NOT_SENT if body.get(k) is not None]
+    choice, thinking = body.get("tool_choice") or {}, body.get("thinking") or {}
+    if choice and not tools:
+        missed.append("tool_choice")
+    elif choice.get("type") not in (None, "auto", "any", "none", "tool"):
+        missed.append("tool_choice.type")
+    if thinking.get("type") not in (None, "enabled", "disabled"):
+        missed.append("thinking.type")
+    missed += [f"thinking.{k}" for k in sorted(thinking) if k != "type" and thinking[k] is not None]
+    config = body.get("output_config") or {}
+    config = config if isinstance(config, dict) else {}
+    if config.get("effort") not in (None, "low", "medium", "high"):
+        missed.append("output_config.effort")
+    missed += [f"output_config.{k}" for k in sorted(config) if k not in ("effort", "format") and config[k] is not None]
+    fmt, other = (config.get("format"), "output_config.format"), (body.get("output_format"), "output_format")
+    for (value, path), shadowed in ((fmt, False), (other, bool(config.get("format")))):
+        if value and (shadowed or not isinstance(value, dict) or value.get("type") != "json_schema"):
+            missed.append(path)
+    return missed
 
 
 def tokenize_request(body: dict) -> dict:

@@ -117,7 +117,7 @@ class GeminiRelay(TranslatingRelay):
 
     def __init__(self, turn: Turn):
         self.turn, self.chat = turn, openai_chat.StreamState(openai_chat.Wants(False, False, False))
-        self.failed, self.sent = False, False
+        self.sent = False
 
     def _event(self, obj: dict) -> bytes:
         data = orjson.dumps(obj)
@@ -147,15 +147,7 @@ class GeminiRelay(TranslatingRelay):
     def failure(self, exc: UpstreamFailure) -> bytes:
         return self._fail(exc.error_class, exc.message, exc.status)
 
-    def result(self) -> Completion:
-        return self.chat.result()
-
-    def end(self) -> bytes:
-        if self.failed:
-            return b""
-        if not self.done:
-            return self._fail("upstream_stream_truncated", "the upstream stream ended before the answer was complete")
-        comp = self.chat.result()
+    def _finish(self, comp: Completion) -> bytes:
         last = _response(self.turn, [function_call(tc) for tc in comp.tool_calls], finish_reason(comp),
                          usage(comp.usage, len(comp.prompt_token_ids or [])))
         return self._event(last) + (b"" if self.turn.sse else b"]")

@@ -22,7 +22,7 @@ import orjson
 
 from forge_store import NotFound, Store, StoreUnavailable
 
-from ..._errors import ProxyError, UpstreamFailure
+from ..._errors import ProxyError
 from ..._store_wait import until_found
 from .. import openai_chat
 from ..completion import Completion, chat_tool_call
@@ -242,7 +242,6 @@ class ResponsesRelay(TranslatingRelay):
 
     def __init__(self, turn: Turn):
         self.turn, self.chat = turn, openai_chat.StreamState(openai_chat.Wants(False, False, False))
-        self.failed = False
         self.seq, self.items, self.open = 0, [], None  # open: [kind, item id, output index, text so far]
 
     def _ev(self, kind: str, **fields) -> bytes:
@@ -335,18 +334,7 @@ class ResponsesRelay(TranslatingRelay):
                             {"code": code, "message": message})
         return out + self._ev("response.failed", response=r)
 
-    def failure(self, exc: UpstreamFailure) -> bytes:
-        return self._fail(exc.error_class, exc.message)
-
-    def result(self) -> Completion:
-        return self.chat.result()
-
-    def end(self) -> bytes:
-        if self.failed:
-            return b""
-        if not self.done:
-            return self._fail("upstream_stream_truncated", "the upstream stream ended before the answer was complete")
-        comp = self.chat.result()
+    def _finish(self, comp: Completion) -> bytes:
         out = self._head() + self._close()
         for tc in comp.tool_calls:
             out += self._tool_call(tc)

@@ -5,6 +5,12 @@ Input items become chat messages (``developer`` -> ``system``; ``reasoning`` ite
 messages). Function tools go upstream as chat tools, ``custom`` tools as functions taking one string ``input``,
 ``namespace`` tools flattened to ``namespace.name``; hosted tools (``web_search``, ``file_search``, ...) cannot run
 on a local model and are listed in the call's metadata as not forwarded.
+
+Every other documented field goes upstream under its chat name, or is served by the proxy itself (``store``,
+``previous_response_id``, ``include: reasoning.encrypted_content``), or has its equivalent there (the cache hints
+``prompt_cache_key`` / ``prompt_cache_retention``: the engine's prefix cache and the proxy's rollout affinity), or is
+listed in the call's metadata under ``not_forwarded`` by its field path (``NOT_SENT``, a reasoning effort or text
+setting chat has no knob for, ``tool_choice`` without tools, ``include`` entries not served): never lost silently.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ _KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "parallel_to
           "include", "previous_response_id", "prompt_cache_key", "prompt_cache_retention", "client_metadata",
           "metadata", "user", "safety_identifier", "service_tier", "truncation", "background", "max_tool_calls",
           "conversation", "prompt", "context_management"}
+NOT_SENT = ("stream_options", "client_metadata", "metadata", "user", "safety_identifier", "service_tier", "truncation",
+            "background", "max_tool_calls", "conversation", "prompt", "context_management")  # no chat knob
 PROMPT_FIELDS = ("input", "instructions", "tools")  # what becomes the stored prompt's messages and tools, not params
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
@@ -205,4 +213,23 @@ def chat_request(body: dict, messages: list[dict], tools: list[dict], tmap: Tool
             k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}}
     elif fmt.get("type") == "json_object":
         chat["response_format"] = {"type": "json_object"}
+    if missed := not_forwarded(body, tools):
+        notes.setdefault("not_forwarded", []).extend(missed)
     return chat
+
+
+def not_forwarded(body: dict, tools: list[dict]) -> list[str]:
+    """The field paths of ``body`` that neither go upstream nor are served by the proxy (see the module docstring)."""
+    missed = [k for k in NOT_SENT if body.get(k) is not None]
+    if not tools:
+        missed += [k for k in ("tool_choice", "parallel_tool_calls") if body.get(k) is not None]
+    reasoning, text = body.get("reasoning") or {}, body.get("text") or {}
+    if reasoning.get("effort") not in (None, "low", "medium", "high"):
+        missed.append("reasoning.effort")
+    missed += [f"reasoning.{k}" for k in sorted(reasoning) if k != "effort" and reasoning[k] is not None]
+    fmt = text.get("format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_schema", "json_object")):
+        missed.append("text.format")
+    missed += [f"text.{k}" for k in sorted(text) if k != "format" and text[k] is not None]
+    missed += [f"include.{i}" for i in body.get("include") or [] if i != "reasoning.encrypted_content"]
+    return missed
