@@ -146,7 +146,8 @@ def _step(ctx: Context, s: Step, expanded: bool) -> None:
         st.caption(f"call {c.id} · seq {c.seq} · segment {s.segment} · {c.n_prompt_tokens or 0} prompt / "
                    f"{c.n_completion_tokens or 0} completion tokens · finish `{c.finish_reason}` · policy "
                    f"`{c.policy_version_id}` · token-exact {c.token_exact}"
-                   + (f" · then {s.tool_s:.2f} s of tools" if s.tool_s is not None else ""))
+                   + (f" · then {s.tool_s:.2f} s of tools" if s.tool_s is not None else "")
+                   + (f" · [tokens](?page=Tokens&rollout={c.rollout_id}&call={c.id})" if c.token_exact else ""))
         if c.error_class:
             st.error(f"{c.error_class} (HTTP {c.upstream_status}): {c.error_detail or ''}")
         new = [m for m in c.new_messages if m.get("role") not in ("assistant", "tool")]
