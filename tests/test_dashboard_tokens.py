@@ -149,3 +149,9 @@ def test_ids_only_when_no_tokenizer_matches(tmp_path, monkeypatch):
     assert "Advantage: no export holds this segment" in text
     body = _html(at)
     assert re.search(r'data-id="(\d+)"[^>]*>\[\1\]<', body)  # each token shown as its [id]
+
+
+def test_the_timeline_links_each_step_to_its_tokens(token_store, monkeypatch):
+    url, home, ids = token_store
+    at = _app(monkeypatch, url, home, page="Timeline", rollout="r-tok", step="2")
+    assert f"[tokens](?page=Tokens&rollout=r-tok&call={ids[1]})" in _texts(at)
