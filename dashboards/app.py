@@ -7,16 +7,18 @@ import streamlit as st
 
 from dashboards._context import Context, open_or_explain, sidebar_reward_sources, sidebar_window, store_url
 from dashboards._views import (annotate, behaviour, exports, group, mismatch, overview, search, timeline,
-                               trajectories, versions)
+                               tokens, trajectories, versions)
 
-PAGES = {"Overview": overview, "Trajectories": trajectories, "Timeline": timeline, "Search": search,
-         "Group": group, "Versions": versions, "Behaviour": behaviour, "Exports": exports, "Mismatch": mismatch, "Annotate": annotate}
+PAGES = {"Overview": overview, "Trajectories": trajectories, "Timeline": timeline, "Tokens": tokens,
+         "Search": search, "Group": group, "Versions": versions, "Behaviour": behaviour, "Exports": exports,
+         "Mismatch": mismatch, "Annotate": annotate}
 
 
 def main() -> None:
     st.set_page_config(page_title="OpenForge", layout="wide")
     url = store_url()
-    wanted = st.query_params.get("page")  # deep links: ?page=Timeline&rollout=ID&step=N, ?page=Search&q=TEXT
+    # deep links: ?page=Timeline&rollout=ID&step=N, ?page=Tokens&rollout=ID&segment=N, ?page=Search&q=TEXT
+    wanted = st.query_params.get("page")
     page = st.sidebar.radio("Page", list(PAGES), key="page",
                             index=list(PAGES).index(wanted) if wanted in PAGES else 0)
     st.sidebar.caption(url.split("@")[-1])

@@ -19,7 +19,7 @@ from ._mismatch import tally as mismatch_tally
 from ._plan import ExportConfig
 from ._query import QueryError, parse_where
 from ._rescore import RescoreError, RescoreResult, rescore
-from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout
+from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout, reconstruct_tokens
 from ._report import comparison_rows, print_comparison, print_table
 from ._export_location import export_to, verify_at
 from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_rubrics, tool_steps, wilson_interval
@@ -32,5 +32,6 @@ __all__ = ["AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportEr
            "get_exporter", "group_advantages", "grpo_advantages", "mcnemar_exact", "mismatch_by_version",
            "mismatch_pairs", "mismatch_per_rollout", "mismatch_tally", "parse_where", "pass_at_k", "pass_hat_k",
            "policy_lag", "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct",
-           "reconstruct_rollout", "rescore", "rollout_rubrics", "rubric_summary", "self_consistency", "tool_steps",
+           "reconstruct_rollout", "reconstruct_tokens", "rescore", "rollout_rubrics", "rubric_summary",
+           "self_consistency", "tool_steps",
            "train", "verify", "verify_at", "version_tasks", "wilson_interval"]

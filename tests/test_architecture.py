@@ -57,7 +57,8 @@ PUBLIC = {
                 "compare_versions", "comparison_rows", "export", "export_to", "get_exporter", "group_advantages",
                 "grpo_advantages", "mcnemar_exact", "parse_where", "pass_at_k", "pass_hat_k", "policy_lag",
                 "policy_lineage", "policy_order", "print_comparison", "print_table", "reconstruct",
-                "reconstruct_rollout", "rollout_rubrics", "rubric_summary", "tool_steps", "train", "verify",
+                "reconstruct_rollout", "reconstruct_tokens", "rollout_rubrics", "rubric_summary", "tool_steps", "train",
+                "verify",
                 "verify_at", "version_tasks", "wilson_interval"],
     "forge_store.testing": ["REACT_TOOLS", "T0", "Turn", "agent_calls", "png_1px", "seed_demo_store"],
 }

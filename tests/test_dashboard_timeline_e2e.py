@@ -5,7 +5,8 @@ screenshot of each page (paths printed; under the test's tmp dir):
 - the timeline of a GUI rollout: the screenshot with the click drawn beside the action;
 - the timeline of a 40-turn rollout opened at step 14: the segment boundary there and its reason (compaction);
 - a search that finds a planted ``rm -rf`` command, with the link to its step;
-- a GRPO group side by side (rewards, advantages, where the actions diverge).
+- a GRPO group side by side (rewards, advantages, where the actions diverge);
+- the token view of a segment: policy tokens coloured by logprob, environment tokens grey, ids in the hover.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from forge_store.testing import seed_demo_store
 from tests.test_dashboard_e2e import CHROMIUM, serve_dashboard
 from tests.test_dashboard_screenshots import record_gui_rollout
 from tests.test_dashboard_timeline import PLANTED, record_long_rollout
+from tests.test_dashboard_tokens import seed_token_group
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +39,10 @@ def dashboard(tmp_path_factory):
         seed_demo_store(st, n_tasks=2, per_task=3)
         record_long_rollout(st)
         record_gui_rollout(st)
+        seed_token_group(st, tmp / "checkpoint")
+        from learner import ExportConfig, export
+
+        export(st, tmp / "export", ExportConfig(format="verl"), workers=1)
     with serve_dashboard(url, home, tmp / "dashboard.log") as base:
         yield base
 
@@ -51,8 +57,10 @@ def browser(dashboard):
         b.close()
 
 
-def _open(browser, url: str, wanted: tuple[str, ...], shot: Path, timeout: float = 90, height: int = 1600) -> str:
-    """Load ``url``, wait until every ``wanted`` text shows and Streamlit has stopped running, screenshot the page."""
+def _open(browser, url: str, wanted: tuple[str, ...], shot: Path, timeout: float = 90, height: int = 1600,
+          inspect=None) -> str:
+    """Load ``url``, wait until every ``wanted`` text shows and Streamlit has stopped running, screenshot the page
+    (``inspect(page)`` runs on the settled page first)."""
     page = browser.new_page(viewport={"width": 1400, "height": height})  # Streamlit scrolls inside: a tall window
     try:
         page.goto(url, timeout=timeout * 1000)  # a loaded CI machine may take long to serve the first page
@@ -62,6 +70,8 @@ def _open(browser, url: str, wanted: tuple[str, ...], shot: Path, timeout: float
             running = page.query_selector('[data-testid="stStatusWidget"]') is not None
             settled = settled + 1 if all(w in text for w in wanted) and not running else 0
             time.sleep(0.5)
+        if inspect is not None:
+            inspect(page)
         page.screenshot(path=str(shot), full_page=True)
     finally:
         page.close()
@@ -95,3 +105,27 @@ def test_search_finds_a_planted_command(dashboard, browser, tmp_path):
 def test_group_view(dashboard, browser, tmp_path):
     _open(browser, f"{dashboard}/?page=Group&group=g-0-policy-v1",
           ("Group g-0-policy-v1", "3 rollouts", "Actions side by side"), tmp_path / "group.png")
+
+
+def test_token_view_of_a_segment(dashboard, browser, tmp_path):
+    seen = {}
+
+    def inspect(page):
+        seen["policy"], seen["env"] = page.locator("span.t.p[title]").count(), page.locator("span.t.e[title]").count()
+        seen["title"] = page.locator("span.t.p[title]").first.get_attribute("title")  # the legend's have none
+        seen["colours"] = page.evaluate(  # the tokens' own (the legend's spans have no title)
+            "() => [...document.querySelectorAll('span.t[title]')].map(s => getComputedStyle(s).backgroundColor)")
+        seen["n"] = page.locator("span.t[title]").count()
+        low = page.locator('span.t.p[title*="logprob -6.0000"]').first
+        low.scroll_into_view_if_needed()
+        seen["low_box"] = low.bounding_box()
+
+    _open(browser, f"{dashboard}/?page=Tokens&rollout=r-tok&segment=1",
+          ("Rollout r-tok · segment 1 of 1", "policy tokens (mask 1)", "environment tokens (mask 0",
+           "Lowest-probability policy tokens", "+0.707"), tmp_path / "tokens.png", height=2000, inspect=inspect)
+    seen["colours"] = sorted(set(seen["colours"]))
+    print(f"token view: {seen}")
+    assert seen["policy"] > 20 and seen["env"] > 50  # every token a span, both kinds drawn
+    assert seen["title"].startswith("#") and " id " in seen["title"] and "logprob" in seen["title"]
+    assert len(seen["colours"]) >= 3  # grey environment tokens, and policy tokens in more than one colour
+    assert seen["low_box"] and seen["low_box"]["width"] > 0  # the planted unlikely token is drawn

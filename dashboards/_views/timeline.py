@@ -53,7 +53,7 @@ def render(ctx: Context) -> None:
         return
     _segments(steps)
     _timing(steps)
-    _index_and_steps(ctx, steps)
+    _index_and_steps(ctx, rid, steps)
 
 
 def _pick_rollout(ctx: Context) -> str | None:
@@ -111,7 +111,7 @@ def _timing(steps: list[Step]) -> None:
         st.altair_chart(chart, width="stretch")
 
 
-def _index_and_steps(ctx: Context, steps: list[Step]) -> None:
+def _index_and_steps(ctx: Context, rid: str, steps: list[Step]) -> None:
     index = pd.DataFrame([{"step": s.index, "segment": s.segment, "tools": ", ".join(t["name"] for t in s.tool_calls),
                            "finish": s.call.finish_reason, "error": s.call.error_class,
                            "latency_s": round(duration_s(s.call), 2),
@@ -134,10 +134,10 @@ def _index_and_steps(ctx: Context, steps: list[Step]) -> None:
     for s in shown:
         if s.boundary is not None:
             st.markdown(f"---\n**Segment {s.segment} starts at step {s.index}:** {s.boundary}")
-        _step(ctx, s, expanded=s.index == target)
+        _step(ctx, rid, s, expanded=s.index == target)
 
 
-def _step(ctx: Context, s: Step, expanded: bool) -> None:
+def _step(ctx: Context, rid: str, s: Step, expanded: bool) -> None:
     c = s.call
     tools = ", ".join(t["name"] for t in s.tool_calls) or (c.finish_reason or "answer")
     timing = f"{duration_s(c):.2f} s" + (f" (first token {c.ttft_ms / 1000:.2f} s)" if c.ttft_ms else "")
@@ -146,7 +146,8 @@ def _step(ctx: Context, s: Step, expanded: bool) -> None:
         st.caption(f"call {c.id} · seq {c.seq} · segment {s.segment} · {c.n_prompt_tokens or 0} prompt / "
                    f"{c.n_completion_tokens or 0} completion tokens · finish `{c.finish_reason}` · policy "
                    f"`{c.policy_version_id}` · token-exact {c.token_exact}"
-                   + (f" · then {s.tool_s:.2f} s of tools" if s.tool_s is not None else ""))
+                   + (f" · then {s.tool_s:.2f} s of tools" if s.tool_s is not None else "")
+                   + (f" · [tokens](?page=Tokens&rollout={rid}&call={c.id})" if c.token_exact else ""))
         if c.error_class:
             st.error(f"{c.error_class} (HTTP {c.upstream_status}): {c.error_detail or ''}")
         new = [m for m in c.new_messages if m.get("role") not in ("assistant", "tool")]
