@@ -137,7 +137,17 @@ def segment_path(directory: Path, seg: int) -> Path:
 
 
 def segment_numbers(directory: Path) -> list[int]:
-    return sorted(int(p.name[:-4]) for p in directory.glob("*.log") if p.name[:-4].isdigit())
+    """The folder's segments, in order; none if it cannot be listed (as ``Path.glob`` says).
+
+    The drain process asks before every read of the journal it tails. ``Path.glob`` makes a ``Path`` per entry:
+    18-21 us on a journal folder of six entries, against 11-12 us for ``os.listdir``; on the loaded 2-core machine
+    300 against 40 us, and the glob was 28% of the drain's Python samples at one client in
+    ``bench/proxy_overhead.py``'s load (py-spy)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(int(name[:-4]) for name in names if name.endswith(".log") and name[:-4].isdigit())
 
 
 def load_checkpoint(directory: Path) -> Position | None:
