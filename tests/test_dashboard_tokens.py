@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from forge_store import CallRecord, RescoreRow, Settings, open_store, record_rescores
 from forge_store.testing import T0
-from tests.test_dashboard_timeline import APP, _texts
+from tests.test_dashboard_timeline import _app, _texts
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
                                            "parameters": {"type": "object",
@@ -87,16 +87,6 @@ def token_store(store_url, tmp_path):
 
         export(st, tmp_path / "export", ExportConfig(format="verl"), workers=1)
     return store_url, home, ids
-
-
-def _app(monkeypatch, url: str, home: Path, **params: str) -> AppTest:
-    monkeypatch.setenv("OPENFORGE_STORE_URL", url)
-    monkeypatch.setenv("OPENFORGE_HOME", str(home))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params.update(params)
-    at.run()
-    assert not at.exception, at.exception
-    return at
 
 
 def _html(at: AppTest) -> str:
