@@ -1,4 +1,4 @@
-"""Call ids (``_call_ids.next()``): 32 hex digits like ``uuid4().hex``."""
+"""Call ids (``call_ids.next()``): 32 hex digits like ``uuid4().hex``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 import os
 
 
-class _CallIds:
+class CallIds:
     """Call ids: 32 hex digits like ``uuid4().hex``, from a random 64-bit prefix per process and a counter: one
     ``getrandom`` per process (and per fork) instead of a system call and a ``UUID`` object per call."""
 
@@ -21,4 +21,4 @@ class _CallIds:
         return f"{self._prefix}{next(self._count):016x}"
 
 
-_call_ids = _CallIds()
+call_ids = CallIds()  # the process's one source of call ids

@@ -26,7 +26,7 @@ import orjson
 from forge_store import FINISH_REASON_MAX, CallDraft, CallRecord, InvalidRecord, Store
 
 from ._budgets import BUDGET_EXCEEDED
-from ._call_ids import _call_ids
+from ._call_ids import call_ids
 from ._errors import ProxyError, UpstreamFailure
 from ._exchange import JSON, CallHeaders, Last, Receive, Reply, StreamReply, parse_json, read_body
 from ._failover import Failover
@@ -182,7 +182,7 @@ class ProxyService:
         metadata = self._metadata(hits)
         if notes or self.replica:
             metadata = {**(metadata or {}), **(notes or {}), **self.replica}
-        call_id = _call_ids.next()
+        call_id = call_ids.next()
         try:
             rec = draft.start(id=call_id, seq=call.seq, api_surface=call.protocol.SURFACE, params=params,
                               streamed=tr.stream, model=model, started_at=call.started,

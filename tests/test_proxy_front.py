@@ -411,14 +411,14 @@ def test_the_cli_refuses_an_unknown_log_level_and_stops_cleanly_on_sigterm(up, t
 def test_call_ids_are_unique_hex_and_a_forked_child_draws_its_own():
     import os
 
-    from proxy._service import _call_ids
+    from proxy._call_ids import call_ids
 
-    ids = [_call_ids.next() for _ in range(1000)]
+    ids = [call_ids.next() for _ in range(1000)]
     assert len(set(ids)) == 1000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: an id from its own prefix, then out without running the parent's cleanup
-        os.write(write, _call_ids.next().encode())
+        os.write(write, call_ids.next().encode())
         os._exit(0)
     os.close(write)
     child = os.read(read, 64).decode()
