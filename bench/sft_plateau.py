@@ -13,7 +13,8 @@ best so far), then as its LAST line one JSON object: ``epochs`` (per epoch: succ
 training), ``best_epoch``, ``plateau_epoch`` (the first epoch whose success no later epoch beats by more than
 ``--tolerance`` tasks) and ``minutes``.
 
-Usage: python bench/sft_plateau.py [--epochs 6] [--seed 100] [--demo-tasks 48] [--heldout-tasks 48] [--keep DIR]
+Usage: python bench/sft_plateau.py [--epochs 6] [--seed 100] [--demo-tasks 48] [--heldout-tasks 48] [--eval-from N]
+                                   [--keep DIR]
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--train-layers", type=int, default=0, help="SFT trains only the last K decoder blocks (0: all)")
     ap.add_argument("--tolerance", type=int, default=1, help="tasks: a later epoch must beat a plateau by more")
+    ap.add_argument("--eval-from", type=int, default=1, help="evaluate only epochs N and later (each evaluation "
+                    "costs its minutes; e.g. to keep a checkpoint for bench/grpo_sweep.py without the curve)")
     ap.add_argument("--keep", type=Path)
     args = ap.parse_args(argv)
     home = args.keep or Path(tempfile.mkdtemp(prefix="openforge-sft-plateau-"))
@@ -82,13 +85,18 @@ def run(args, home: Path) -> dict:
                           optimizer_state=state, train_layers=args.train_layers or None)
             s.switch(res)
             loop._add(version, parent, f"sft epoch {e}")
+            parent = version
+            if e < args.eval_from:
+                console.print(f"epoch {e}: not evaluated (--eval-from {args.eval_from})  "
+                              f"({res.step.get('train_seconds')} s of training)")
+                continue
             rate = loop._evaluate(version, heldout)
             tasks = version_tasks(s.store, version, purpose="eval", run_ids=[loop.report.eval_runs[version]])
             epochs.append({"epoch": e, "version": version, "success": rate.value, "successes": rate.successes,
                            "n": rate.n, "ci95": list(rate.interval()), "train_seconds": res.step.get("train_seconds"),
                            "per_task": {t: a.passed for t, a in sorted(tasks.items())}})
             _say(console, epochs, previous)
-            previous, parent = tasks, version
+            previous = tasks
     best = max(epochs, key=lambda x: (x["successes"], -x["epoch"]))
     plateau = next(x for x in epochs if all(y["successes"] <= x["successes"] + args.tolerance
                                             for y in epochs if y["epoch"] > x["epoch"]))
@@ -106,7 +114,7 @@ def _say(console, epochs: list[dict], previous) -> None:
         won = sum(1 for t, p in x["per_task"].items() if p and not previous.get(t, None) is None
                   and not previous[t].passed)
         lost = sum(1 for t, p in x["per_task"].items() if not p and t in previous and previous[t].passed)
-        line += f"  vs epoch {x['epoch'] - 1}: +{won} -{lost} tasks"
+        line += f"  vs epoch {epochs[-2]['epoch']}: +{won} -{lost} tasks"
     console.print(f"[bold]{line}[/]  ({x['train_seconds']} s of training)")
 
 
