@@ -85,10 +85,11 @@ def run(args, recipes) -> dict:
                          f"--epochs {args.epoch} or more first")
     base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
                           demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
-    _, _, heldout = LearningLoop(base_cfg, console)._tasks()
+    _, _, heldout = LearningLoop(base_cfg, console).tasks()
     pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
                                    heldout_tasks=4)
-    pool, _, _ = LearningLoop(pool_cfg, console)._tasks()
+    pool, _, _ = LearningLoop(pool_cfg, console).tasks()
+    demos = sorted((home / "demo" / "shards").glob("sft-*"))   # the demonstrations' export (a recipe's sft_anchor)
     out = {"sft": {"version": sft}, "recipes": []}
     with ExitStack() as stack:
         holder = LearningLoop(base_cfg, console)
@@ -102,13 +103,13 @@ def run(args, recipes) -> dict:
             t0 = time.monotonic()
             cfg = dataclasses.replace(base_cfg, recipe=recipe, tag=f"sweep{int(time.time())}-{i}")
             loop = LearningLoop(cfg, console)
-            loop.session = s
+            loop.session, loop.sft_shard = s, (demos[0] if demos else None)
             s.cfg, s.report = cfg, loop.report
             s.switch(TrainResult(sft, None, checkpoint, {}))
-            loop._add(sft, None, "sft")
+            loop.add_version(sft, None, "sft")
             current, curve = sft, []
             for r in range(1, recipe.rounds + 1):
-                current = loop._grpo_round(r, current, pool)
+                current = loop.grpo_round(r, current, pool)
                 if args.eval_rounds and r < recipe.rounds and current != sft:
                     success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
                     curve.append({"round": r, "version": current, "success": success.b, "final_minus_sft":
@@ -136,7 +137,7 @@ def _versus(s, loop, version: str, heldout, sft_tasks, n_boot: int):
     (the success difference, the rubrics whose interval excludes 0)."""
     from learner import compare_tasks, version_tasks
 
-    loop._evaluate(version, heldout)
+    loop.evaluate(version, heldout)
     tasks = version_tasks(s.store, version, purpose="eval", run_ids=[loop.report.eval_runs[version]])
     diffs = compare_tasks(sft_tasks, tasks, n_boot=n_boot)
     success = next(d for d in diffs if d.metric == "success_rate")

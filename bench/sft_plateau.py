@@ -70,7 +70,7 @@ def run(args, home: Path) -> dict:
     cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.demo_tasks, demo_tasks=args.demo_tasks,
                      heldout_tasks=args.heldout_tasks, recipe=GrpoRecipe(rounds=0), port=0)
     loop = LearningLoop(cfg, console)
-    _, demos, heldout = loop._tasks()
+    _, demos, heldout = loop.tasks()
     epochs, previous = [], None
     with ExitStack() as stack:
         s = loop.session = Session(cfg, console, stack, loop.report)
@@ -84,13 +84,13 @@ def run(args, home: Path) -> dict:
             res = s.train(shard, version, parent=parent, algorithm="sft", lr=args.lr, epochs=1, seed=e,
                           optimizer_state=state, train_layers=args.train_layers or None)
             s.switch(res)
-            loop._add(version, parent, f"sft epoch {e}")
+            loop.add_version(version, parent, f"sft epoch {e}")
             parent = version
             if e < args.eval_from:
                 console.print(f"epoch {e}: not evaluated (--eval-from {args.eval_from})  "
                               f"({res.step.get('train_seconds')} s of training)")
                 continue
-            rate = loop._evaluate(version, heldout)
+            rate = loop.evaluate(version, heldout)
             tasks = version_tasks(s.store, version, purpose="eval", run_ids=[loop.report.eval_runs[version]])
             epochs.append({"epoch": e, "version": version, "success": rate.value, "successes": rate.successes,
                            "n": rate.n, "ci95": list(rate.interval()), "train_seconds": res.step.get("train_seconds"),

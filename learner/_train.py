@@ -123,11 +123,14 @@ def _checkpoint(row: dict, base: Path | None) -> Path:
 
 
 def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: float,
-              progress: Callable[[str], None] | None) -> dict:
+              progress: Callable[[str], None] | None, anchors: list[dict] | None = None) -> dict:
     """Run the step script, passing each stderr line to ``progress`` as it comes; return its JSON result."""
     with tempfile.TemporaryDirectory(prefix="openforge-train-") as tmp:
         path = Path(tmp) / "samples.jsonl"
         path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+        if anchors:
+            (Path(tmp) / "anchors.jsonl").write_text("".join(json.dumps(s) + "\n" for s in anchors))
+            args = [*args, "--anchor-samples", str(Path(tmp) / "anchors.jsonl")]
         with open(Path(tmp) / "stdout", "w+") as stdout:
             proc = subprocess.Popen([str(python), str(STEP_SCRIPT), "--samples", str(path), *args], stdout=stdout,
                                     stderr=subprocess.PIPE, text=True)
@@ -150,6 +153,23 @@ def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: flo
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _anchors(anchor: Path | None, coef: float | None, algo: str) -> tuple[list[dict], dict]:
+    """The anchor's conversations (an SFT export, verified) and its manifest, or nothing when no anchor is asked."""
+    if anchor is None:
+        return [], {}
+    if algo != "grpo" or not (coef or 0) > 0:
+        raise TrainError(f"anchor {anchor} with a {algo} update and anchor_coef {coef}: an anchor (an SFT export "
+                         "whose loss joins each step) belongs to GRPO updates, with a positive anchor_coef, e.g. 0.5")
+    manifest = read_manifest(Path(anchor))
+    if ALGORITHMS[manifest["format"]] != "sft":
+        raise TrainError(f"anchor {anchor}: a {manifest['format']} export; the anchor is an `openforge export "
+                         "--format sft` folder (the demonstrations)")
+    rows = read_rows(Path(anchor), manifest)
+    if not rows:
+        raise TrainError(f"anchor {anchor}: the export has no rows")
+    return [{"messages": r["messages"], "tools": r["tools"]} for r in rows], manifest
+
+
 def _policy_id(parent_row: dict, base: Path, algorithm: str, global_step: int, sha: str) -> str:
     name = re.sub(r"[^a-z0-9]+", "-", (parent_row.get("model_name") or base.name).lower()).strip("-")
     return f"{name}-{algorithm}-s{global_step}-{sha[:8]}"
@@ -160,7 +180,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
           batch_size: int | None = None, max_seconds: float | None = None, precision: str | None = None,
           optimizer_state: Path | None = None, loss_agg: str | None = None, clip_low: float | None = None,
           clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None,
-          train_layers: int | None = None, seed: int | None = None, policy_id: str | None = None,
+          train_layers: int | None = None, anchor: Path | None = None, anchor_coef: float | None = None,
+          seed: int | None = None, policy_id: str | None = None,
           timeout_s: float = 3600,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
@@ -173,8 +194,9 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     resumed from (when it exists) and saved to, so that a chain of updates keeps one optimizer. ``loss_agg``,
     ``clip_low`` and ``clip_high`` are veRL's ``loss_agg_mode`` and PPO clip range (GRPO). ``negative_weight`` scales negative advantages (1: GRPO). ``lora_rank`` trains a
     low-rank adapter on every projection and merges it (no optimizer state then). ``train_layers`` trains only the
-    last that many decoder blocks and the final norm (the backward pass stops below them). ``seed`` seeds the
-    shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
+    last that many decoder blocks and the final norm (the backward pass stops below them). ``anchor`` (GRPO) is an
+    SFT export whose assistant loss, times ``anchor_coef``, joins every GRPO step (InstructGPT's PPO-ptx). ``seed``
+    seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
     algo = ALGORITHMS[manifest["format"]]
@@ -187,6 +209,7 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                          f"{manifest['exclusions']})")
     if algo == "grpo":
         _refuse_zero_advantages(shard, manifest, rows)
+    anchors, anchor_manifest = _anchors(anchor, anchor_coef, algo)
     parent_id = _parent(algo, rows, parent, base)
     parent_row = _policy(store, parent_id)
     base_dir = _checkpoint(parent_row, base)
@@ -195,7 +218,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                         ("--max-seconds", max_seconds), ("--precision", precision),
                         ("--optimizer-state", optimizer_state), ("--loss-agg", loss_agg), ("--clip-low", clip_low),
                         ("--clip-high", clip_high), ("--negative-weight", negative_weight),
-                        ("--lora-rank", lora_rank), ("--train-layers", train_layers), ("--seed", seed)):
+                        ("--lora-rank", lora_rank), ("--train-layers", train_layers),
+                        ("--anchor-coef", anchor_coef if anchors else None), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
     keys = (("messages", "tools") if algo == "sft" else
@@ -207,7 +231,10 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
             progress(f"grpo: rollout_is_weights from the shard ({correction['mode']}, cap {correction['cap']:g}, "
                      f"re-scored under {correction['version']})")
     samples = [{k: r[k] for k in keys} for r in rows]
-    step = _run_step(python, args, samples, timeout_s, progress)
+    step = _run_step(python, args, samples, timeout_s, progress, anchors)
+    if anchors:
+        step["anchor"] = {**step.get("anchor", {}), "export_id": anchor_manifest["export_id"],
+                          "shard": str(Path(anchor).resolve()), "conversations": len(anchors)}
     if correction:
         step["rollout_correction"] = correction
     global_step = int(parent_row.get("global_step") or 0) + int(step["steps"])

@@ -28,10 +28,8 @@ Progress goes to stderr (an estimate before the first step, then every step); th
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,12 +40,14 @@ try:
     from ._sft_tokens import StepError, sft_tokens
     from ._step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
     from ._step_losses import LOSS_AGG_MODES, policy_loss
+    from ._step_save import save
 except ImportError:   # run by path (python learner/train_step.py): its folder is on sys.path
     import _lora as lora
     from _freeze import FreezeError, train_top
     from _sft_tokens import StepError, sft_tokens
     from _step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
     from _step_losses import LOSS_AGG_MODES, policy_loss
+    from _step_save import save
 
 # seconds per (token x parameter) of a forward and backward pass, SmolLM2-135M on this 2-core machine: fp32 7.7 s for
 # a batch of 8 x 188 tokens; bfloat16 autocast 1.7 s a sample of 450 tokens in batches of 4 (fp32: 3.5 s)
@@ -81,17 +81,24 @@ def token_logprobs(torch, model, seqs: list[list[int]], targets: list[list[int]]
     return list(torch.split(logp, [len(ts) for ts in targets]))
 
 
-def sft_loss(torch, model, batch: list[tuple[list[int], list[int]]]) -> tuple[float, int]:
-    """Backward of the batch's token-mean assistant loss (accumulated over micro-batches); returns (loss, tokens)."""
+def sft_loss(torch, model, batch: list[tuple[list[int], list[int]]], scale: float = 1.0) -> tuple[float, int]:
+    """Backward of the batch's token-mean assistant loss times ``scale`` (accumulated over micro-batches); returns
+    (the unscaled loss, tokens)."""
     n_tokens = sum(sum(1 for x in labels[1:] if x != -100) for _, labels in batch)
     total = 0.0
     for micro in micro_batches(batch, lambda s: len(s[0])):
         targets = [[t for t in range(1, len(ids)) if labels[t] != -100] for ids, labels in micro]
         logps = token_logprobs(torch, model, [ids for ids, _ in micro], targets)
         loss = -torch.cat(logps).sum() / max(n_tokens, 1)
-        loss.backward()
+        (loss * scale).backward()
         total += float(loss)
     return total, n_tokens
+
+
+def sft_encoded(tok, samples: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """The conversations that fit ``--max-len`` and have assistant tokens, as (ids, labels)."""
+    encoded = [sft_tokens(tok, s) for s in samples]
+    return [e for e in encoded if len(e[0]) <= ARGS.max_len and any(x != -100 for x in e[1][1:])]
 
 
 # ---- GRPO: one mini-batch's PPO-clip loss (veRL's, learner/_step_losses.py) ----
@@ -208,7 +215,16 @@ def run(torch, model, batches, step_fn, tokens_of, params: int) -> dict:
             **{k: v for k, v in first.items() if k != "clipfrac"}}
 
 
-def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
+def anchor_batches(tok, steps: int) -> list:
+    """``--anchor-samples``' conversations in batches of ``--anchor-batch-size``, one per GRPO step (going round
+    them as often as needed; a shuffle of its own)."""
+    anchors = sft_encoded(tok, [json.loads(x) for x in Path(ARGS.anchor_samples).read_text().splitlines() if x.strip()])
+    if not anchors:
+        raise StepError(f"--anchor-samples {ARGS.anchor_samples}: no conversation has assistant tokens within --max-len")
+    return [[anchors[i] for i in b] for b in schedule(len(anchors), ARGS.anchor_batch_size, 1, steps, ARGS.seed + 1)]
+
+
+def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict:
     fits = [s for s in samples if 0 < len(s["prompt_ids"]) + len(s["response_ids"]) <= ARGS.max_len
             and sum(s["response_mask"]) > 0]
     if not fits:
@@ -222,14 +238,21 @@ def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
     horizon = max(len(s["response_ids"]) for s in fits)
     batches = schedule(len(used), ARGS.batch_size or len(used), ARGS.epochs, ARGS.steps, ARGS.seed)
 
+    anchors, anchor_losses = (anchor_batches(tok, len(batches)) if ARGS.anchor_samples else []), []
+
     def step(idx):
         loss, ratios, _, metrics = grpo_loss(torch, model, [used[i] for i in idx], horizon)
+        if anchors:   # PPO-ptx: the demonstrations' SFT loss, weighted, in the same optimizer step
+            anchor_losses.append(sft_loss(torch, model, anchors[len(anchor_losses)], scale=ARGS.anchor_coef)[0])
         return loss, {"importance_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
                       "importance_ratio_tokens": len(ratios), **metrics}
 
     out = run(torch, model, batches, step, lambda b: sum(len(used[i]["prompt_ids"]) + len(used[i]["response_ids"])
                                                          for i in b), params)
     out["mean_ratio"] = out.get("importance_ratio_mean")   # the name earlier versions reported
+    if anchor_losses:
+        out["anchor"] = {"coef": ARGS.anchor_coef, "loss_first": anchor_losses[0], "loss_last": anchor_losses[-1],
+                         "batch_size": ARGS.anchor_batch_size}
     return {"samples": len(used), "skipped": len(samples) - len(fits), "zero_advantage_dropped": len(fits) - len(used),
             "masked_tokens": sum(sum(s["response_mask"]) for s in used),
             "nonzero_advantages": sum(1 for s in fits if s["advantage"] != 0),
@@ -239,8 +262,7 @@ def train_grpo(torch, model, samples: list[dict], params: int) -> dict:
 
 
 def train_sft(torch, model, tok, samples: list[dict], params: int) -> dict:
-    encoded = [sft_tokens(tok, s) for s in samples]
-    used = [e for e in encoded if len(e[0]) <= ARGS.max_len and any(x != -100 for x in e[1][1:])]
+    used = sft_encoded(tok, samples)
     if not used:
         raise StepError("no conversation has assistant tokens within --max-len")
     batches = schedule(len(used), ARGS.batch_size or 8, ARGS.epochs, ARGS.steps, ARGS.seed)
@@ -252,24 +274,6 @@ def train_sft(torch, model, tok, samples: list[dict], params: int) -> dict:
     out = run(torch, model, batches, step, lambda b: sum(len(used[i][0]) for i in b), params)
     return {"samples": len(used), "skipped": len(samples) - len(used), "tokens": sum(len(e[0]) for e in used),
             "assistant_tokens": sum(sum(1 for x in e[1][1:] if x != -100) for e in used), **out}
-
-
-def save(model, base: Path, out: Path) -> str:
-    """Write the checkpoint (weights, then the base's tokenizer, chat template and configs) and return the sha256
-    of its weights."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for f in base.iterdir():   # tokenizer, chat template, generation config: unchanged
-        if f.is_file() and not f.name.startswith(".") and not f.name.endswith((".safetensors", ".bin")) \
-                and not (tmp / f.name).exists():
-            shutil.copy2(f, tmp / f.name)
-    digest = hashlib.sha256()
-    for f in sorted(tmp.glob("*.safetensors")):
-        digest.update(f.read_bytes())
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return digest.hexdigest()
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -307,6 +311,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--train-layers", type=int, default=0, help="train only the last K decoder blocks and the final "
                     "norm, the rest frozen (the backward pass stops below them: about 2x faster with 10 of 30, and "
                     "slower to learn, see learner/_freeze.py); 0: every weight, the default")
+    ap.add_argument("--anchor-samples", default=None, help="grpo: SFT conversations (JSON lines of messages, "
+                    "tools) whose assistant loss, times --anchor-coef, joins every GRPO step (InstructGPT's PPO-ptx: "
+                    "the policy stays near its demonstrations while the policy gradient moves it)")
+    ap.add_argument("--anchor-coef", type=float, default=0.0, help="weight of the anchor's SFT loss (e.g. 0.5)")
+    ap.add_argument("--anchor-batch-size", type=int, default=8, help="anchor conversations per GRPO step")
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -322,6 +331,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--max-seconds {args.max_seconds}: pass a positive number of seconds")
     if not 0 <= args.negative_weight <= 1:
         ap.error(f"--negative-weight {args.negative_weight}: a scale of negative advantages in [0, 1] (1: GRPO)")
+    if args.anchor_samples and (sft or not args.anchor_coef > 0 or args.anchor_batch_size < 1):
+        ap.error(f"--anchor-samples with --algorithm {args.algorithm}, --anchor-coef {args.anchor_coef}, "
+                 f"--anchor-batch-size {args.anchor_batch_size}: an anchor joins GRPO steps only, with a positive "
+                 "weight and 1 or more conversations a step (e.g. --anchor-coef 0.5 --anchor-batch-size 8)")
     if args.lora_rank < 0:
         ap.error(f"--lora-rank {args.lora_rank}: pass 0 (every weight) or a rank of 1 or more")
     if args.lora_rank and args.train_layers:
@@ -361,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         if ARGS.algorithm == "sft":
             result = train_sft(torch, model, AutoTokenizer.from_pretrained(base), samples, params)
         else:
-            result = train_grpo(torch, model, samples, params)
+            result = train_grpo(torch, model, samples, params,
+                                AutoTokenizer.from_pretrained(base) if ARGS.anchor_samples else None)
     except (StepError, FreezeError) as exc:
         say(f"error: {exc}")
         return 2

@@ -62,6 +62,8 @@ def demo_command(
                                           "advantages (1: GRPO; 0: only better-than-average rollouts train)."),
     call_cost: float = typer.Option(GrpoRecipe.call_cost, "--call-cost", help="Efficiency shaping of GRPO's "
                                     "rewards: a rollout of n model calls counts reward * (1 - COST)**(n-1)."),
+    sft_anchor: float = typer.Option(GrpoRecipe.sft_anchor, "--sft-anchor", help="Weight of the demonstrations' "
+                                     "SFT loss joined to every GRPO step (PPO-ptx; 0: none)."),
     dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
                                  "group's std)."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="A new AdamW every round instead of one "
@@ -102,7 +104,8 @@ def demo_command(
                                     temperature=temperature, lr=grpo_lr, epochs=grpo_epochs,
                                     batch_size=grpo_batch_size or None, loss_agg=loss_agg, clip_high=clip_high,
                                     negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
-                                    lora_rank=lora_rank, call_cost=call_cost, train_layers=train_layers)
+                                    lora_rank=lora_rank, call_cost=call_cost, train_layers=train_layers,
+                                    sft_anchor=sft_anchor)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
                             teacher=teacher, sft_epochs=sft_epochs, sft_stage_epochs=sft_stage_epochs,

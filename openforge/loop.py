@@ -143,30 +143,32 @@ class LearningLoop:
         self.cfg, self.console = cfg, console
         self.report = LoopReport()
         self.optimizer = cfg.out / "optimizer" / cfg.tag
+        self.sft_shard: Path | None = None   # the demonstrations' SFT export (the recipe's sft_anchor trains on it)
 
     # ---- the whole loop ---------------------------------------------------------------------------------------
     def run(self) -> LoopReport:
         from .loop_session import Session
 
-        train, demos, heldout = self._phase("tasks", self._tasks)
+        train, demos, heldout = self._phase("tasks", self.tasks)
         with ExitStack() as stack:
             s = self.session = Session(self.cfg, self.console, stack, self.report)
             self._phase("engine start", s.start)
-            self._add(BASE_POLICY, None, "base")
-            self._phase("eval base", self._evaluate, BASE_POLICY, heldout)
+            self.add_version(BASE_POLICY, None, "base")
+            self._phase("eval base", self.evaluate, BASE_POLICY, heldout)
             teacher_run = self._phase("teacher demonstrations", self._demonstrate, demos)
             val = [t for t in train if t not in demos][:self.cfg.sft_val_tasks]
             sft, sft_shard = self._phase("sft", self._sft, teacher_run, val)
-            self._phase(f"eval {sft}", self._evaluate, sft, heldout)
+            self.sft_shard = sft_shard
+            self._phase(f"eval {sft}", self.evaluate, sft, heldout)
             current, t0, pool = sft, time.monotonic(), grpo_pool(train, demos)
             for r in range(1, self.cfg.recipe.rounds + 1):
-                current = self._phase(f"grpo round {r}", self._grpo_round, r, current, pool)
+                current = self._phase(f"grpo round {r}", self.grpo_round, r, current, pool)
             self.report.grpo_seconds = time.monotonic() - t0
             if current != sft:
-                self._phase(f"eval {current}", self._evaluate, current, heldout)
+                self._phase(f"eval {current}", self.evaluate, current, heldout)
             if self.cfg.control and self.report.grpo_seconds > 0 and current != sft:
                 control = self._phase("sft extended (control)", self._sft_extended, sft, sft_shard)
-                self._phase(f"eval {control}", self._evaluate, control, heldout)
+                self._phase(f"eval {control}", self.evaluate, control, heldout)
             s.count_calls(self.report.rows)
         return self.report
 
@@ -178,13 +180,16 @@ class LearningLoop:
         finally:
             self.report.phases[name] = self.report.phases.get(name, 0.0) + time.monotonic() - t0
 
-    def _add(self, version: str, parent: str | None, made_by: str, samples: int | None = None) -> VersionRow:
+    def add_version(self, version: str, parent: str | None, made_by: str, samples: int | None = None) -> VersionRow:
+        """``version`` joins the report's chain (its parent, what made it, how many samples trained it)."""
         row = VersionRow(version, parent, made_by, samples=samples)
         self.report.rows.append(row)
         return row
 
-    # ---- phases -----------------------------------------------------------------------------------------------
-    def _tasks(self):
+    # ---- phases (public: the benches compose them, bench/sft_plateau.py and bench/grpo_sweep.py) -------------
+    def tasks(self):
+        """Generate every family's tasks; returns (train tasks, families interleaved; the demonstrated ones;
+        held-out)."""
         from rollout import generate_tasks, load_task
 
         cfg, n = self.cfg, len(self.cfg.families)
@@ -205,7 +210,8 @@ class LearningLoop:
                            f"of families {', '.join(cfg.families)} (seed {cfg.seed}) in {cfg.out / 'tasks'}")
         return train, demos, heldout
 
-    def _evaluate(self, version: str, tasks) -> Rate:
+    def evaluate(self, version: str, tasks) -> Rate:
+        """One greedy rollout of the engine's current policy on each task, recorded as ``version``'s evaluation."""
         summary = self.session.rollouts(tasks, purpose="eval", group_size=1, temperature=0.0,
                                         name=f"eval {version}")
         rate = _rate(summary)
@@ -233,7 +239,7 @@ class LearningLoop:
             version = f"smollm2-{self.cfg.tag}-sft"
             res = self.session.train(shard, version, parent=BASE_POLICY, algorithm="sft", **self.cfg.sft_options(),
                                      epochs=self.cfg.sft_epochs, optimizer_state=self.optimizer / "sft.pt")
-            self._add(version, BASE_POLICY, "sft", samples=_rows(manifest))
+            self.add_version(version, BASE_POLICY, "sft", samples=_rows(manifest))
             self.report.switches.append(self.session.switch(res))
             return version, shard
         return self._sft_stages(shard, _rows(manifest), val), shard
@@ -249,7 +255,7 @@ class LearningLoop:
             res = self.session.train(shard, version, parent=parent, algorithm="sft", **cfg.sft_options(), epochs=epochs,
                                      optimizer_state=state)
             shutil.copyfile(state, self.optimizer / f"{version}.pt")
-            row = self._add(version, parent, "sft stage", samples=samples)
+            row = self.add_version(version, parent, "sft stage", samples=samples)
             self.report.switches.append(self.session.switch(res))
             summary = self.session.rollouts(val, purpose="eval", group_size=1, temperature=0.0,
                                             name=f"validate {version}")
@@ -271,7 +277,9 @@ class LearningLoop:
         self.console.print(f"SFT version: {best} (best validation success along the stages)")
         return best
 
-    def _grpo_round(self, r: int, current: str, train) -> str:
+    def grpo_round(self, r: int, current: str, train) -> str:
+        """Round ``r`` of the recipe from ``current``: sample groups on the round's tasks, export a veRL shard,
+        update, switch the engine to the new version; returns it (``current`` when no update could be made)."""
         from learner import ExportConfig, TrainError, export
 
         recipe = self.cfg.recipe
@@ -292,7 +300,7 @@ class LearningLoop:
         try:
             res = self.session.train(shard, version, parent=current, algorithm="grpo",
                                      optimizer_state=state if recipe.carries_optimizer else None,
-                                     **recipe.train_options())
+                                     **recipe.train_options(), **self._anchor())
         except TrainError as exc:
             note = f"round {r}: no update ({exc})"
             self.report.notes.append(note)
@@ -300,10 +308,18 @@ class LearningLoop:
             return current
         if res.step.get("importance_ratio_mean") is not None:
             self.report.ratios.append(res.step["importance_ratio_mean"])
-        self._add(version, current, f"grpo round {r}", samples=_rows(manifest))
+        self.add_version(version, current, f"grpo round {r}", samples=_rows(manifest))
         self.report.switches.append(self.session.switch(res))
         self.report.rounds_trained += 1
         return version
+
+    def _anchor(self) -> dict:
+        """The recipe's SFT anchor (PPO-ptx): the demonstrations' export and its weight, or nothing."""
+        if not self.cfg.recipe.sft_anchor:
+            return {}
+        if self.sft_shard is None:
+            raise ValueError("the recipe's sft_anchor needs the demonstrations' SFT export; this loop has none")
+        return {"anchor": self.sft_shard, "anchor_coef": self.cfg.recipe.sft_anchor}
 
     def _sft_extended(self, sft: str, shard: Path) -> str:
         """SFT on the same demonstrations from the SFT version, for the seconds the GRPO rounds took."""
@@ -314,7 +330,7 @@ class LearningLoop:
         budget = round(self.report.grpo_seconds, 1)
         res = self.session.train(shard, version, parent=sft, algorithm="sft", **self.cfg.sft_options(), epochs=1000,
                                  max_seconds=budget, optimizer_state=state)
-        row = self._add(version, sft, "sft extended (control)", samples=res.step.get("samples"))
+        row = self.add_version(version, sft, "sft extended (control)", samples=res.step.get("samples"))
         row.seconds["train_budget_s"] = budget
         self.console.print(f"control: SFT continued for {res.step.get('train_seconds')} s of training "
                            f"({res.step.get('epochs')} more epochs) against GRPO's {budget} s")

@@ -34,6 +34,7 @@ class GrpoRecipe:
     keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
     train_layers: int = 0         # > 0: only the last K decoder blocks train (the backward pass stops below them)
+    sft_anchor: float = 0.0       # > 0: the demonstrations' SFT loss times this joins every GRPO step (PPO-ptx)
     precision: str = "auto"       # bf16 only where the CPU has native bfloat16 (60x slower emulated on AVX2)
 
     def check(self) -> None:
@@ -62,6 +63,9 @@ class GrpoRecipe:
         if not 0 <= self.call_cost < 1:
             raise RecipeError(f"--call-cost {self.call_cost}: the share of the reward each model call after the "
                               "first costs, in [0, 1) (0: the verifier's reward as it is; e.g. 0.1)")
+        if self.sft_anchor < 0:
+            raise RecipeError(f"--sft-anchor {self.sft_anchor}: the weight of the demonstrations' SFT loss in each "
+                              "GRPO step is 0 (none) or more, e.g. 0.5")
         if self.lora_rank < 0:
             raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
         if self.train_layers < 0 or (self.train_layers and self.lora_rank):

@@ -54,6 +54,9 @@ def train_command(
                                                "and the final norm; the backward pass stops below them (about 2x "
                                                "faster with 10 of SmolLM2's 30, and slower to learn). Default: "
                                                "every weight."),
+    anchor: Optional[Path] = typer.Option(None, "--anchor", help="GRPO: an SFT export (the demonstrations) whose "
+                                          "assistant loss, times --anchor-coef, joins every step (PPO-ptx)."),
+    anchor_coef: float = typer.Option(0.5, "--anchor-coef", help="Weight of --anchor's SFT loss."),
     policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
     python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
                                           "vLLM CPU environment, `make vllm-cpu`)."),
@@ -77,7 +80,7 @@ def train_command(
                                     highlight=False)
         res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
                     lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, train_layers=train_layers,
-                    policy_id=policy_id,
+                    anchor=anchor, anchor_coef=anchor_coef if anchor else None, policy_id=policy_id,
                     progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)

@@ -206,3 +206,34 @@ def test_schedule_shuffles_each_epoch_and_micro_batches_hold_the_token_budget():
     micro = micro_batches(lengths, lambda n: n)
     assert sorted(sum(micro, [])) == sorted(lengths)
     assert all(max(m) * len(m) <= TOKEN_BUDGET or len(m) == 1 for m in micro), micro
+
+
+def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_path):
+    from learner.train_step import parse
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_recipe import GrpoRecipe, RecipeError
+
+    _seed(store)
+    export(store, tmp_path / "verl", ExportConfig(format="verl"))
+    export(store, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    with pytest.raises(TrainError, match="a verl export; the anchor is an `openforge export --format sft` folder"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, anchor=tmp_path / "verl", anchor_coef=0.5)
+    with pytest.raises(TrainError, match="anchor_coef 0: an anchor .* belongs to GRPO updates, with a positive"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, anchor=tmp_path / "sft", anchor_coef=0)
+    with pytest.raises(TrainError, match="with a sft update"):
+        train(store, tmp_path / "sft", tmp_path / "ckpt", python=NO_TORCH, parent="student", anchor=tmp_path / "sft",
+              anchor_coef=0.5)
+    base = ["--samples", "s.jsonl", "--base", "b", "--out", "o"]
+    assert parse(base + ["--anchor-samples", "a.jsonl", "--anchor-coef", "0.5"]).anchor_coef == 0.5
+    for bad in (["--anchor-samples", "a.jsonl"], ["--anchor-samples", "a.jsonl", "--anchor-coef", "1", "--algorithm",
+                                                   "sft"]):
+        with pytest.raises(SystemExit):
+            parse(base + bad)
+    with pytest.raises(RecipeError, match="--sft-anchor -1"):
+        GrpoRecipe(sft_anchor=-1).check()
+    loop = LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(sft_anchor=0.5)), console=None)
+    with pytest.raises(ValueError, match="sft_anchor needs the demonstrations' SFT export"):
+        loop._anchor()
+    loop.sft_shard = tmp_path / "sft"
+    assert loop._anchor() == {"anchor": tmp_path / "sft", "anchor_coef": 0.5}
+    assert LearningLoop(LoopConfig(out=tmp_path), console=None)._anchor() == {}

@@ -53,7 +53,7 @@ def _loop(tmp_path, curve, *, epochs, stage, n_val=4):
     loop = LearningLoop(cfg, Console(file=open("/dev/null", "w")))
     loop.session = ScriptedSession(curve, n_val)
     loop.optimizer.mkdir(parents=True)
-    loop._add(BASE_POLICY, None, "base")
+    loop.add_version(BASE_POLICY, None, "base")
     return loop
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from forge_store import open_store
 from forge_store.testing import Turn, agent_calls
-from learner import ExportConfig, export
+from learner import ExportConfig, export, train
 from proxy.engines import CACHE_ENV, ensure_env, ensure_model
 from tests.test_learner_sft import SOLVE, _seed
 
@@ -128,6 +128,20 @@ def test_sft_then_grpo_through_the_commands_and_the_lineage(torch_python, tiny, 
     assert links[1]["export_id"] == json.loads((tmp_path / "sft" / "manifest.json").read_text())["export_id"]
     assert links[2]["shard"] == str((tmp_path / "grpo").resolve()) and links[2]["watermark"] == m["watermark"]
     assert links[2]["samples"] == 2 and abs(links[2]["importance_ratio_mean"] - 1) < 1e-3
+    # PPO-ptx: the demonstrations' SFT loss joins every GRPO step, and it falls step by step while the policy
+    # gradient trains (the same shard, seed and learning rate as the un-anchored update above)
+    with open_store(url, settings=settings) as st:
+        anchored = train(st, tmp_path / "grpo", tmp_path / "anchored", python=torch_python, lr=1e-3, steps=4,
+                         anchor=tmp_path / "sft", anchor_coef=1.0, policy_id="anchored").step
+        plain = train(st, tmp_path / "grpo", tmp_path / "plain", python=torch_python, lr=1e-3, steps=4,
+                      policy_id="plain").step
+        meta = st.lineage("policy_versions")
+    a = anchored["anchor"]
+    assert a["conversations"] == 2 and a["coef"] == 1.0 and a["export_id"] == links[1]["export_id"], a
+    assert 0 < a["loss_last"] < a["loss_first"], a
+    assert "anchor" not in plain and plain["checkpoint_sha256"] != anchored["checkpoint_sha256"], plain
+    assert next(m for m in meta if m["id"] == "anchored")["metadata"]["anchor"]["shard"] == str(
+        (tmp_path / "sft").resolve())
 
 
 def test_train_layers_trains_only_the_top_blocks_and_refuses_more_than_the_model_has(torch_env, tiny, tmp_path,
