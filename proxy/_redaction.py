@@ -116,23 +116,32 @@ class Redactor:
         self._fold = any(RULES[n].fold for n in rule_names)
         self._min_len = min((RULES[n].min_len for n in rule_names), default=0)
 
-    def apply(self, value, hits: set[str]):
-        """``value`` with every match replaced (a copy only where something changed); rule names go into ``hits``."""
+    def apply(self, value, hits: set[str], memo: dict[str, tuple[str, frozenset]] | None = None):
+        """``value`` with every match replaced (a copy only where something changed); rule names go into ``hits``.
+        ``memo``, shared by the calls that store one record, scans each distinct string once (an answer's text is
+        both the response's ``text`` and its message's ``content``)."""
         if not self.rules:
             return value
         if isinstance(value, str):
             if len(value) < self._min_len:
                 return value
-            folded = value.lower() if self._fold else None
+            if memo is not None and value in memo:
+                out, fired = memo[value]
+                hits.update(fired)
+                return out
+            original, folded, fired = value, (value.lower() if self._fold else None), set()
             for name, rule in self.rules:
                 if rule.may_match(value, folded) and rule.pattern.search(value):
                     value = rule.redact(name, value)
-                    hits.add(name)
+                    fired.add(name)
+            hits.update(fired)
+            if memo is not None:
+                memo[original] = (value, frozenset(fired))
             return value
         if isinstance(value, dict):
             out = None
             for k, v in value.items():
-                nv = self.apply(v, hits)
+                nv = self.apply(v, hits, memo)
                 if nv is not v:
                     out = out if out is not None else dict(value)
                     out[k] = nv
@@ -140,7 +149,7 @@ class Redactor:
         if isinstance(value, list):
             out = None
             for i, v in enumerate(value):
-                nv = self.apply(v, hits)
+                nv = self.apply(v, hits, memo)
                 if nv is not v:
                     out = out if out is not None else list(value)
                     out[i] = nv

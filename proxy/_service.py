@@ -356,9 +356,10 @@ class ProxyService:
         """Redaction covers everything stored besides the prompt and the parameters (done before the answer came):
         the answer and errors."""
         hits: set[str] = set()
-        rec.response = self.redactor.apply(rec.response, hits)
-        rec.response_message = self.redactor.apply(rec.response_message, hits)
-        rec.error_detail = self.redactor.apply(rec.error_detail, hits)
+        memo: dict = {}   # the answer's text is in both the response and its message: scanned once
+        rec.response = self.redactor.apply(rec.response, hits, memo)
+        rec.response_message = self.redactor.apply(rec.response_message, hits, memo)
+        rec.error_detail = self.redactor.apply(rec.error_detail, hits, memo)
         if hits:
             rec.metadata = {**(rec.metadata or {})}
             rec.metadata["redacted"] = sorted(set(rec.metadata.get("redacted", [])) | hits)

@@ -102,3 +102,25 @@ def test_the_prefilter_skips_the_patterns_on_text_without_triggers(monkeypatch):
     redactor.apply("mail me at someone@example.com", hits)  # "@": the two rules whose trigger it is run
     assert sorted(calls) == sorted(RULES[n].pattern.pattern for n in ("emails", "url_passwords"))
     assert hits == {"emails"}
+
+
+def test_a_memo_scans_each_distinct_string_once_and_gives_the_same_result(monkeypatch):
+    """The proxy redacts an answer's text twice over (the response's text and its message's content) with one memo:
+    the second copy is not scanned again, and comes out redacted the same, its rules reported."""
+    scans = []
+    redactor = Redactor(list(RULES))
+    real = Redactor.apply
+
+    def counting(self, value, hits, memo=None):
+        if isinstance(value, str) and (memo is None or value not in memo) and len(value) >= self._min_len:
+            scans.append(value)
+        return real(self, value, hits, memo)
+
+    monkeypatch.setattr(Redactor, "apply", counting)
+    text = "reach me at someone@example.com, not at the office"
+    memo: dict = {}
+    first, second = set(), set()
+    a = redactor.apply({"text": text, "tool_calls": None}, first, memo)
+    b = redactor.apply({"role": "assistant", "content": text}, second, memo)
+    assert a["text"] == b["content"] == redactor.apply(text, set()) and "someone@example.com" not in a["text"]
+    assert first == second == {"emails"} and scans.count(text) == 2   # once with the memo, once without
