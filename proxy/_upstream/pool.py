@@ -16,14 +16,14 @@ others' (see ``probe``); neither ever gets a call.
 One dialect per proxy: the proxy asks the engine for token ids in one dialect (``--dialect``), so every replica must
 be that engine (vLLM's ``return_token_ids``, SGLang's); a replica whose ``/v1/models`` says otherwise is refused, at
 start (``check_replicas``) and when added (``add``), with the value, the rule and the fix. Replicas may serve
-different models (issue 32: a teacher served beside the policy): a call goes only to a replica whose
-``/v1/models`` lists its model (the one ``proxy._models`` chose: the policy version's, or a name the operator keeps),
-with rollout affinity per model, and a failover only to another replica that serves it. A model that the proxy chose
-and no replica serves is refused (503 ``model_not_served``: the value, the rule, the fix); a name the harness chose
-itself that no replica lists goes where any call goes, and the engine answers it. Where every replica serves the
-same models nothing of this runs per call (``_serving`` is None). What the failed attempt and its retry on another
-replica look like in the store is the service's business (``proxy._service``): the pool only says whether another
-replica can take the call.
+different models (issue 32: a teacher served beside the policy): a call goes only to a replica whose ``/v1/models``
+lists its model (the one ``proxy._models`` chose: the policy version's, or a name the operator keeps), with rollout
+affinity per model, and a failover only to another replica that serves it; a token count for a model (``request``)
+goes to such a replica too. A model that the proxy chose and no replica serves is refused (503
+``model_not_served``: the value, the rule, the fix); a name the harness chose itself that no replica lists goes where
+any call goes, and the engine answers it. Where every replica serves the same models nothing of this runs per call
+(``_serving`` is None). What the failed attempt and its retry on another replica look like in the store is the
+service's business (``proxy._service``): the pool only says whether another replica can take the call.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class UpstreamPool:
         self._sides: dict[str, list[tuple[str, str]]] = {}  # rollout id -> its (rollout id, model) bindings
         self._serving: dict[str, tuple[Replica, ...]] | None = None  # model -> its replicas; None: all serve the same
         self._health: asyncio.Task | None = None
-        self._lock: asyncio.Lock | None = None  # admin changes, one at a time
+        self._lock = asyncio.Lock()  # admin changes, one at a time (bound to the loop on first use: Python 3.10+)
         self._only: Replica | None = None
         self._reshape()
 
@@ -207,16 +207,18 @@ class UpstreamPool:
         nxt.calls += 1
         return nxt
 
-    async def request(self, method: str, path: str, body: bytes | None = None):
-        """A request that is not a recorded call (``/v1/models``, token counts): on a replica that takes calls, the
-        next one if it cannot be reached."""
-        rep, tried = self._only or self._least(), []
+    async def request(self, method: str, path: str, body: bytes | None = None, model: str | None = None,
+                      chosen: bool = False):
+        """A request that is not a recorded call (``/v1/models``, token counts): on a replica that takes calls and
+        serves ``model`` (chosen, refused: as ``pick`` does), the next such one if it cannot be reached."""
+        among = self._among(model, chosen) if self._serving is not None and model is not None else None
+        rep, tried = self._only or self._least(among=among), []
         while True:
             try:
                 return await rep.client.request(method, path, body)
             except UpstreamFailure as exc:
                 tried.append(rep)
-                nxt = self.failed(rep, exc, None, tried)
+                nxt = self.failed(rep, exc, None, tried, model, chosen)
                 if nxt is None:
                     raise
                 rep = nxt
@@ -237,16 +239,11 @@ class UpstreamPool:
                               f"{', '.join(r.url for r in self.replicas)}); list them with GET /admin/upstreams",
                          code="unknown_upstream")
 
-    def _admin_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
     async def add(self, url: str) -> dict:
         """Add a replica (or bring a draining one back): it must answer ``GET /v1/models`` as the same engine as the
         others (its models may differ: calls go to the replicas that serve theirs). 424 if it cannot be asked, 409 if
         it is another engine."""
-        async with self._admin_lock():
+        async with self._lock:
             try:
                 client = self._make(url)
             except ValueError as exc:
@@ -294,7 +291,7 @@ class UpstreamPool:
     async def remove(self, url: str) -> dict:
         """Take a replica out now: no new call goes there, its rollouts move on their next call, calls in flight
         finish (their connections are then closed). 409 for the last one."""
-        async with self._admin_lock():
+        async with self._lock:
             rep = self.find(url)
             if len(self.replicas) == 1:
                 raise ProxyError(409, f"upstream {rep.url} is the only one; a proxy needs one: add another "
