@@ -195,14 +195,16 @@ def _harness_routes(service: ProxyService, protocols: Protocols) -> APIRouter:
 
 
 def _post_route(router: APIRouter, service: ProxyService, route: SideRoute) -> None:
-    """A JSON request a protocol answers (``SideRoute.post``), authorized like a model call."""
+    """A JSON request a protocol answers (``SideRoute.post``), authorized like a model call; what it asks the engine
+    goes where a call for the model it names would (``ProxyService.side_post``)."""
 
     async def answer(request: Request, token: str | None) -> dict:
         await service.rollouts.authorize(token)
         raw = await read_body(request.receive, request.headers.get("content-length"), service.max_body)
         body = parse_json(raw)
         check_body(body)
-        return await route.post(service.upstream, body)
+        params = {k: v for k, v in request.path_params.items() if k != "token"}  # e.g. Gemini's {model}
+        return await route.post(service.side_post, body, params)
 
     async def by_header(request: Request):  # or ?key= (the Gemini API's keys may come in the query)
         return await answer(request, _token_from_headers(request) or request.query_params.get("key"))

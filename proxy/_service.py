@@ -37,7 +37,7 @@ from ._redaction import Redactor
 from ._rollouts import Binding, RolloutRegistry
 from ._self_calls import KEY as SELF_CALL
 from ._self_calls import self_call
-from ._upstream import Pending, Replica, UpstreamPool
+from ._upstream import Pending, Replica, UpstreamAnswer, UpstreamPool
 
 log = logging.getLogger("proxy")
 
@@ -160,6 +160,15 @@ class ProxyService:
         call.route = (served, chosen)
         if served != asked:   # recorded: the model that answered, and (metadata) the one asked for
             call.tr.upstream["model"], call.tr.notes["model_requested"] = served, asked
+
+    async def side_post(self, path: str, payload: dict, model: str | None) -> UpstreamAnswer:
+        """POST ``payload`` (a token count) for ``model`` as the client named it, where a call naming it goes
+        (``_pin``'s choice; ``UpstreamPool.request``: a replica that serves it, 503 ``model_not_served`` for a chosen
+        model none serves); a name the proxy chose is what the engine reads in ``payload["model"]``, as in a call."""
+        _, served, chosen = self.rollouts.models.choose(model, self.rollouts.policy_version)
+        if chosen:
+            payload["model"] = served
+        return await self.upstream.request("POST", path, orjson.dumps(payload), served, chosen)
 
     @staticmethod
     def _routed(rec: CallRecord, url: str, retry: tuple[str, str] | None) -> None:

@@ -42,7 +42,7 @@ from .._errors import ProxyError, UpstreamFailure
 from .completion import Completion
 
 if TYPE_CHECKING:
-    from .._upstream import Upstream
+    from .._upstream import UpstreamAnswer
 
 
 @dataclass
@@ -75,14 +75,21 @@ class Relay(Protocol):
     def end(self) -> bytes: ...
 
 
+# How a side route asks the engine (``ProxyService.side_post``): ``await send(path, payload, model)`` POSTs ``payload``
+# to a replica that serves what a call naming ``model`` is sent for, that name (where the proxy chose it) in
+# ``payload["model"]`` (issue 32: replicas may serve models with other tokenizers, and a count must use the right one).
+SidePost = Callable[[str, dict, "str | None"], Awaitable["UpstreamAnswer"]]
+
+
 @dataclass(frozen=True)
 class SideRoute:
     """A route a protocol serves beside its model calls, through the operator app (off the hot path), also under
-    ``/r/{token}``. ``post``: a JSON request the protocol answers (``await post(upstream, body) -> dict``), authorized
-    like a call; ``refuse``: the error that GET requests and websocket handshakes on the path get."""
+    ``/r/{token}``. ``post``: a JSON request the protocol answers (``await post(send, body, params) -> dict``;
+    ``send``: a ``SidePost``; ``params``: the path's parameters, e.g. Gemini's ``{model}``), authorized like a call;
+    ``refuse``: the error that GET requests and websocket handshakes on the path get."""
 
     path: str
-    post: Callable[[Upstream, dict], Awaitable[dict]] | None = None
+    post: Callable[[SidePost, dict, dict], Awaitable[dict]] | None = None
     refuse: Callable[[], ProxyError] | None = None
 
 

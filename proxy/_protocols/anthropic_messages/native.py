@@ -5,22 +5,17 @@ message or its stream events. Such calls carry no token ids and are recorded as 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import orjson
 
 from ..._errors import ProxyError
 from ..body import NOT_AN_IMAGE
 from ..completion import Completion, chat_tool_call
-from ..contract import Translation
+from ..contract import SidePost, Translation
 from ..errors import upstream_message
 from ..passthrough import PassthroughRelay
 from .answer import error_event
 from .protocol import COUNT_TOKENS_PATH, Messages
 from .request import PROMPT_FIELDS, chat_messages
-
-if TYPE_CHECKING:
-    from ..._upstream import Upstream
 
 
 def completion_from_message_events(events: list[dict]) -> Completion:
@@ -91,8 +86,9 @@ class NativeMessages(Messages):
     def upstream_error(self, status: int, body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
         return body, content_type  # the upstream speaks Messages itself
 
-    async def count_tokens(self, upstream: Upstream, body: dict) -> dict:
-        ans = await upstream.request("POST", COUNT_TOKENS_PATH, orjson.dumps(body))
+    async def count_tokens(self, send: SidePost, body: dict, params: dict) -> dict:
+        model = body.get("model")  # passed through unchecked: the upstream judges a name that is no string
+        ans = await send(COUNT_TOKENS_PATH, body, model if isinstance(model, str) else None)
         if ans.status != 200:
             raise ProxyError(ans.status, upstream_message(ans.body), type="upstream_error", code="count_tokens_failed")
         return orjson.loads(ans.body)

@@ -4,20 +4,16 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ..._errors import ProxyError
 from .. import openai_chat
 from ..completion import Completion
-from ..contract import SideRoute, Translation, WireProtocol
+from ..contract import SidePost, SideRoute, Translation, WireProtocol
 from ..errors import answer_guarded, bad_request, guarded, upstream_message
 from .answer import MessagesRelay, answer, error_body, upstream_error
 from .request import PROMPT_FIELDS, chat_messages, chat_request, chat_tools, tokenize_request, validate
-
-if TYPE_CHECKING:
-    from ..._upstream import Upstream
 
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
@@ -72,9 +68,11 @@ class Messages(WireProtocol):
     def _tokenize(self, body: dict) -> dict:
         return tokenize_request(body)
 
-    async def count_tokens(self, upstream: Upstream, body: dict) -> dict:
-        """``/v1/messages/count_tokens`` through the upstream's ``/tokenize`` (vLLM's) with the chat template."""
-        ans = await upstream.request("POST", "/tokenize", orjson.dumps(self._tokenize(body)))
+    async def count_tokens(self, send: SidePost, body: dict, params: dict) -> dict:
+        """``/v1/messages/count_tokens`` through the upstream's ``/tokenize`` (vLLM's) with the chat template, on a
+        replica that serves the body's ``model`` (as a call naming it would be sent: ``SidePost``)."""
+        tokenize = self._tokenize(body)  # validated: ``model`` is a string if present
+        ans = await send("/tokenize", tokenize, tokenize["model"])
         if ans.status != 200:
             raise ProxyError(ans.status if ans.status < 500 else 502,
                              f"the upstream could not count tokens (/tokenize answered {ans.status}: "

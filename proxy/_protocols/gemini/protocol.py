@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import urllib.parse
 import uuid
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ..._errors import ProxyError
 from .. import openai_chat
 from ..completion import Completion
-from ..contract import SideRoute, Translation, WireProtocol
+from ..contract import SidePost, SideRoute, Translation, WireProtocol
 from ..errors import answer_guarded, bad_request, guarded, upstream_message
 from .answer import GeminiRelay, Turn, answer, error_body, upstream_error
 from .params import chat_request, chat_tools
 from .request import PROMPT_FIELDS, chat_messages, fields, request
-
-if TYPE_CHECKING:
-    from ..._upstream import Upstream
 
 MODEL_PATHS = ("/v1beta/models/", "/v1/models/")
 _METHODS = {"generateContent": False, "streamGenerateContent": True}  # method -> streamed
@@ -116,9 +112,10 @@ class Gemini(WireProtocol):
             tokenize["tools"] = tools
         return tokenize
 
-    async def count_tokens(self, upstream: Upstream, body: dict) -> dict:
-        """``:countTokens`` through the upstream's ``/tokenize`` (vLLM's) with the chat template."""
-        ans = await upstream.request("POST", "/tokenize", orjson.dumps(self._tokenize(body)))
+    async def count_tokens(self, send: SidePost, body: dict, params: dict) -> dict:
+        """``:countTokens`` through the upstream's ``/tokenize`` (vLLM's) with the chat template, on a replica that
+        serves the path's ``{model}`` (as a call to it would be sent: ``SidePost``)."""
+        ans = await send("/tokenize", self._tokenize(body), params["model"])
         if ans.status != 200:
             raise ProxyError(ans.status if ans.status < 500 else 502,
                              f"the upstream could not count tokens (/tokenize answered {ans.status}: "
