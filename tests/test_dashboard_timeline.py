@@ -85,6 +85,10 @@ def test_timeline_of_a_40_turn_rollout(seeded, monkeypatch):
     segs = at.dataframe[1].value
     assert list(segs["first step"]) == [1, 14, 27] and segs["started because"].str.contains("compaction").any()
     assert len(at.dataframe[2].value) == 40  # the step index covers every step
+    assert "src/m1.py" not in text  # step 15 is collapsed: its content is written once it is opened
+    at.session_state["tl_open_r-long_14_15"] = True
+    at.run()
+    assert not at.exception and "src/m1.py" in _texts(at) and "Step 14 · read_file" in _texts(at)
     at.number_input(key="tl_step").set_value(7).run()
     assert not at.exception and PLANTED in _texts(at)  # step 7's tool call, with the window moved back
     assert at.query_params["step"] == ["7"] or at.query_params["step"] == "7"

@@ -6,7 +6,8 @@ Deep links: ``?page=Timeline&rollout=ID&step=N`` opens the rollout at step N (``
 Steps are shown a window of ``WINDOW`` at a time and the page reads ``Store.timeline`` (what each call adds), never
 every call's full prompt. The browser's drawing bounds what the page holds: a rollout longer than ``DETAIL_MAX``
 steps gets its timing chart at coarse grain (at most ``BINS`` bars per kind) plus the window's calls one by one,
-and the step index (a single dataframe) gives every call's latency, time to first token and tool time.
+and the step index (a single dataframe) gives every call's latency, time to first token and tool time. A step's
+content is written only while its block is open (the linked step's is; opening another reruns the script).
 """
 
 from __future__ import annotations
@@ -180,15 +181,20 @@ def _index_and_steps(ctx: Context, rid: str, steps: list[Step]) -> None:
     for s in shown:
         if s.boundary is not None:
             st.markdown(f"---\n**Segment {s.segment} starts at step {s.index}:** {s.boundary}")
-        _step(ctx, rid, s, expanded=s.index == target)
+        _step(ctx, rid, s, expanded=s.index == target, key=f"tl_open_{rid}_{target}_{s.index}")
 
 
-def _step(ctx: Context, rid: str, s: Step, expanded: bool) -> None:
+def _step(ctx: Context, rid: str, s: Step, expanded: bool, key: str) -> None:
+    """One step as an expander whose content the script writes only while it is open (opening one reruns the
+    script): the browser draws the linked step, not the messages, code blocks and screenshots of the whole window."""
     c = s.call
     tools = ", ".join(t["name"] for t in s.tool_calls) or (c.finish_reason or "answer")
     timing = f"{duration_s(c):.2f} s" + (f" (first token {c.ttft_ms / 1000:.2f} s)" if c.ttft_ms else "")
     title = f"Step {s.index} · {tools} · {timing}" + (" · ERROR" if c.error_class else "")
-    with st.expander(title, expanded=expanded):
+    box = st.expander(title, expanded=expanded, key=key, on_change="rerun")
+    if not box.open:
+        return
+    with box:
         st.caption(f"call {c.id} · seq {c.seq} · segment {s.segment} · {c.n_prompt_tokens or 0} prompt / "
                    f"{c.n_completion_tokens or 0} completion tokens · finish `{c.finish_reason}` · policy "
                    f"`{c.policy_version_id}` · token-exact {c.token_exact}"
