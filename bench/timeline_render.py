@@ -12,10 +12,13 @@ object:
     python bench/timeline_render.py [--calls 1000] [--repeat 5] [--url sqlite:///store.sqlite]
 
 ``{"calls": 1000, "first_open_s": ..., "open_s": <median>, "opens_s": [...], "browser_task_s": ...,
-"browser_script_s": ..., "load_average": [...], "step_500_open_s": ..., "tokens_open_s": ...}``: ``browser_task_s``
-and ``browser_script_s`` are the medians of Chromium's main-thread task and JavaScript time during an open (from the
-DevTools ``Performance`` domain), which say how much of the open is the browser's drawing. Wall-clock figures on a
-loaded machine measure the neighbours too (the load average is printed): run it on a quiet one.
+"browser_script_s": ..., "browser_cpu_s": ..., "server_cpu_s": ..., "load_average": [...], "step_500_open_s": ...,
+"tokens_open_s": ...}``: ``browser_task_s`` and ``browser_script_s`` are the medians of Chromium's main-thread task
+and JavaScript time during an open (from the DevTools ``Performance`` domain), which say how much of the open is the
+browser's drawing; ``browser_cpu_s`` and ``server_cpu_s`` the medians of the CPU seconds Chromium's processes (all of
+them) and the dashboard's server spent during an open. Wall-clock figures, main-thread task time included, on a
+loaded machine measure the neighbours too (the load average is printed): run it on a quiet one, or compare the CPU
+seconds.
 """
 
 from __future__ import annotations
@@ -86,15 +89,43 @@ READY = """(wanted) => {
 }"""
 
 
+def cpu_s(server: int) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) spent so far by this process's Chromium processes and by the
+    dashboard (``server`` and its children: Streamlit runs in one): unlike wall-clock and main-thread task time, they
+    barely grow when neighbours load the machine. Reads Linux's /proc."""
+    tick, procs, children = os.sysconf("SC_CLK_TCK"), {}, {}
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text() if d.name.isdigit() else ""
+        except OSError:  # it exited meanwhile
+            continue
+        if stat:
+            comm, f = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            procs[int(d.name)] = (comm, (int(f[11]) + int(f[12])) / tick)
+            children.setdefault(int(f[1]), []).append(int(d.name))
+
+    def tree(pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            out.append(todo.pop())
+            todo.extend(children.get(out[-1], []))
+        return out
+
+    dashboard = set(tree(server)) if server in procs else set()
+    browser = sum(procs[p][1] for p in tree(os.getpid()) if p not in dashboard and procs.get(p, ("",))[0] == "chromium")
+    return {"browser": browser, "server": sum(procs[p][1] for p in dashboard)}
+
+
 def open_s(browser, url: str, wanted: list[str], chart: bool = True, timeout: float = 120,
-           metrics: list | None = None) -> float:
+           metrics: list | None = None, server: int = 0) -> float:
     """Seconds from navigation until every ``wanted`` text (and the chart) shows and the script has stopped; with
     ``metrics``, appends Chromium's main-thread figures for the open (``Performance.getMetrics``: TaskDuration,
-    ScriptDuration, LayoutDuration, in seconds)."""
+    ScriptDuration, LayoutDuration, in seconds) and the CPU seconds the browser and the ``server`` process spent."""
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
         cdp = page.context.new_cdp_session(page)
         cdp.send("Performance.enable")
+        cpu0 = cpu_s(server)
         t = time.perf_counter()
         page.goto(url, timeout=timeout * 1000)
         page.wait_for_function(READY.replace("WANT_CHART", "true" if chart else "false"), arg=wanted,
@@ -109,6 +140,8 @@ def open_s(browser, url: str, wanted: list[str], chart: bool = True, timeout: fl
         if metrics is not None:
             m = {x["name"]: x["value"] for x in cdp.send("Performance.getMetrics")["metrics"]}
             metrics.append({k: round(m.get(k, 0.0), 2) for k in ("TaskDuration", "ScriptDuration", "LayoutDuration")})
+            cpu1 = cpu_s(server)
+            metrics[-1].update({f"{k}_cpu": round(cpu1[k] - cpu0[k], 2) for k in cpu1})
         return took
     finally:
         page.close()
@@ -139,7 +172,7 @@ def main() -> None:
             wanted = [f"Steps 1-{last} of {n}", f"Step {last} · bash", f"Step index ({n} steps)"]
             first = open_s(browser, link, wanted)
             metrics: list[dict] = []
-            opens = [open_s(browser, link, wanted, metrics=metrics) for _ in range(args.repeat)]
+            opens = [open_s(browser, link, wanted, metrics=metrics, server=proc.pid) for _ in range(args.repeat)]
             lo = max(1, min(500 - 5, n - 19))
             mid = open_s(browser, f"{base}/?page=Timeline&rollout={RID}&step=500",
                          [f"Steps {lo}-{lo + 19} of {n}", "Step 500 · bash"]) if n >= 500 else None
@@ -155,6 +188,8 @@ def main() -> None:
                       "opens_s": [round(x, 2) for x in opens],
                       "browser_task_s": statistics.median(m["TaskDuration"] for m in metrics),
                       "browser_script_s": statistics.median(m["ScriptDuration"] for m in metrics),
+                      "browser_cpu_s": statistics.median(m["browser_cpu"] for m in metrics),
+                      "server_cpu_s": statistics.median(m["server_cpu"] for m in metrics),
                       "load_average": [round(x, 1) for x in os.getloadavg()],
                       "step_500_open_s": None if mid is None else round(mid, 2), "tokens_open_s": round(tokens, 2),
                       **({"url": url} if args.keep else {})}))

@@ -11,6 +11,7 @@ the same messages rendered into other tokens (a template that strips earlier rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from forge_store import TimelineCall
 
@@ -91,12 +92,12 @@ def duration_s(c: TimelineCall) -> float:
     return (c.ended_at - c.started_at).total_seconds() if c.ended_at else 0.0
 
 
-def timing_rows(steps: list[Step]) -> list[dict]:
-    """Bars for the timing chart, in seconds from the rollout's first call: time to first token, the rest of the
-    generation, and the tool time after it."""
+def timing_rows(steps: list[Step], t0: datetime | None = None) -> list[dict]:
+    """Bars for the timing chart, in seconds from ``t0`` (the first step's start by default: pass the rollout's when
+    ``steps`` is a window of it): time to first token, the rest of the generation, and the tool time after it."""
     if not steps:
         return []
-    t0 = steps[0].call.started_at
+    t0 = steps[0].call.started_at if t0 is None else t0
     rows = []
     for s in steps:
         c = s.call
@@ -107,6 +108,27 @@ def timing_rows(steps: list[Step]) -> list[dict]:
                            ("tools / harness", start + total, start + total + (s.tool_s or 0))):
             if b > a:
                 rows.append({"step": s.index, "segment": s.segment, "kind": kind, "start_s": a, "end_s": b})
+    return rows
+
+
+def binned_timing(steps: list[Step], bins: int, shown: tuple[int, int] = (0, 0)) -> list[dict]:
+    """The whole rollout at coarse grain: consecutive steps in at most ``bins`` groups, each with the seconds its
+    calls spent per kind (time to first token, the rest of the generation, tools / harness after them), so a chart of
+    a long rollout holds at most ``3 * bins`` bars. ``in_window``: the group holds a step of the 1-based inclusive
+    range ``shown``."""
+    size = max(1, -(-len(steps) // max(1, bins)))
+    rows = []
+    for i in range(0, len(steps), size):
+        group = steps[i:i + size]
+        lo, hi = group[0].index, group[-1].index
+        total = sum(duration_s(s.call) for s in group)
+        ttft = sum(min(duration_s(s.call), (s.call.ttft_ms or 0) / 1000) for s in group)
+        tools = sum(s.tool_s or 0 for s in group)
+        label = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        window = lo <= shown[1] and hi >= shown[0]
+        for kind, secs in (("time to first token", ttft), ("generation", total - ttft), ("tools / harness", tools)):
+            rows.append({"steps": label, "first_step": lo, "calls": len(group), "kind": kind,
+                         "seconds": round(secs, 3), "in_window": window})
     return rows
 
 

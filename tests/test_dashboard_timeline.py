@@ -85,6 +85,10 @@ def test_timeline_of_a_40_turn_rollout(seeded, monkeypatch):
     segs = at.dataframe[1].value
     assert list(segs["first step"]) == [1, 14, 27] and segs["started because"].str.contains("compaction").any()
     assert len(at.dataframe[2].value) == 40  # the step index covers every step
+    assert "src/m1.py" not in text  # step 15 is collapsed: its content is written once it is opened
+    at.session_state["tl_open_r-long_14_15"] = True
+    at.run()
+    assert not at.exception and "src/m1.py" in _texts(at) and "Step 14 · read_file" in _texts(at)
     at.number_input(key="tl_step").set_value(7).run()
     assert not at.exception and PLANTED in _texts(at)  # step 7's tool call, with the window moved back
     assert at.query_params["step"] == ["7"] or at.query_params["step"] == "7"
@@ -152,3 +156,35 @@ def test_versions_page_shows_one_task_along_the_chain(seeded, monkeypatch):
     assert list(rows["rollouts"]) == [3, 3] and rows["tool calls per rollout"].min() >= 3
     assert rows["newest"].str.startswith("?page=Timeline&rollout=r-1-").all()
     assert "Task task-1 under each policy version" in _texts(at).replace("`", "")
+
+
+def _chart_data(chart) -> "pd.DataFrame":
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_pandas()
+
+
+def test_a_long_rollout_draws_coarse_timing_and_the_window_call_by_call(store_url, tmp_path, monkeypatch):
+    """A rollout past DETAIL_MAX steps: the browser draws a bounded chart (bars per group of steps, the window's
+    highlighted) and the window's calls one by one; the step index still holds every call's timing."""
+    from dashboards._timeline import build
+    from dashboards._views.timeline import BINS, DETAIL_MAX
+
+    home, turns = tmp_path / "home", 2 * DETAIL_MAX + 50
+    with open_store(store_url, settings=Settings(home=home)) as st:
+        record_long_rollout(st, "r-many", turns=turns)
+        steps = build(st.timeline("r-many"))
+    at = _app(monkeypatch, store_url, home, page="Timeline", rollout="r-many", step="150")
+    text = _texts(at)
+    assert "Steps 145-164 of 250" in text and "Step 150 · " in text and "Timing of steps 145-164" in text
+    coarse, detail = (_chart_data(c) for c in at.get("vega_lite_chart"))
+    assert len(coarse) <= 3 * BINS and coarse["calls"].sum() == 3 * turns  # every call in one group (x 3 kinds)
+    spent = sum(s.call.latency_ms / 1000 + (s.tool_s or 0) for s in steps)
+    assert abs(coarse["seconds"].sum() - spent) < 0.01 * spent
+    lit = coarse[coarse["in_window"]]
+    assert lit["first_step"].min() <= 145 and (lit["first_step"] + lit["calls"] - 1).max() >= 164
+    assert not coarse[~coarse["in_window"]]["first_step"].between(145, 164).any()
+    assert set(detail["step"]) == set(range(145, 165))  # the window's calls, every kind on the rollout's time axis
+    assert detail["start_s"].min() > 0
+    index = at.dataframe[2].value
+    assert len(index) == turns and index["latency_s"].notna().all() and "ttft_s" in index

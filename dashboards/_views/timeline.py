@@ -2,9 +2,12 @@
 exclusions, timing bars (time to first token, generation, tool time), a step index, then every step as a collapsible
 block: its new prompt messages, the answer, tool calls with their results, screenshots with the click drawn, errors.
 
-Deep links: ``?page=Timeline&rollout=ID&step=N`` opens the rollout at step N (``&call=CALL_ID``: at that call). Steps are shown a window of
-``WINDOW`` at a time (the index and the chart cover them all), so a 1,000-call rollout opens as fast as a short one:
-the page reads ``Store.timeline`` (what each call adds), never every call's full prompt.
+Deep links: ``?page=Timeline&rollout=ID&step=N`` opens the rollout at step N (``&call=CALL_ID``: at that call).
+Steps are shown a window of ``WINDOW`` at a time and the page reads ``Store.timeline`` (what each call adds), never
+every call's full prompt. The browser's drawing bounds what the page holds: a rollout longer than ``DETAIL_MAX``
+steps gets its timing chart at coarse grain (at most ``BINS`` bars per kind) plus the window's calls one by one,
+and the step index (a single dataframe) gives every call's latency, time to first token and tool time. A step's
+content is written only while its block is open (the linked step's is; opening another reruns the script).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from forge_store import NotFound, StoreError
 
 from .._context import Context
 from .._queries import rollout_page
-from .._timeline import Step, build, content_text, duration_s, segments, timing_rows
+from .._timeline import Step, binned_timing, build, content_text, duration_s, segments, timing_rows
 from .trajectories import _screen
 
-WINDOW = 20
+WINDOW = 20  # steps drawn in full at a time
+DETAIL_MAX = 100  # a rollout up to this long gets one bar per call and kind; a longer one at coarse grain
+BINS = 100  # the coarse chart's most bars per kind
+KINDS = ["time to first token", "generation", "tools / harness"]
 
 
 def render(ctx: Context) -> None:
@@ -52,7 +58,6 @@ def render(ctx: Context) -> None:
         st.info("This rollout recorded no model calls.")
         return
     _segments(steps)
-    _timing(steps)
     _index_and_steps(ctx, rid, steps)
 
 
@@ -96,29 +101,61 @@ def _segments(steps: list[Step]) -> None:
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
 
 
-def _timing(steps: list[Step]) -> None:
-    data = pd.DataFrame(timing_rows(steps))
-    if data.empty:
+def _timing_chart(data: pd.DataFrame, height: int) -> alt.Chart:
+    """A Gantt of calls: one bar per call and kind, on the rollout's time axis."""
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("start_s:Q", title="seconds since the first call"), x2="end_s:Q",
+        y=alt.Y("step:O", title="step", axis=alt.Axis(labelOverlap=True)),
+        color=alt.Color("kind:N", title=None, sort=KINDS),
+        tooltip=["step", "segment", "kind", alt.Tooltip("start_s:Q", format=".2f"),
+                 alt.Tooltip("end_s:Q", format=".2f")]).properties(height=height)
+
+
+def _timing(steps: list[Step], shown: list[Step]) -> None:
+    """Every call's bars for a rollout of up to ``DETAIL_MAX`` steps; a longer one at coarse grain (at most ``BINS``
+    groups of consecutive steps, the window's highlighted) with the window's calls in detail below. The browser draws
+    each bar through Vega's expression interpreter: 3,000 bars of a 1,000-call rollout took it over 10 s."""
+    if len(steps) <= DETAIL_MAX:
+        data = pd.DataFrame(timing_rows(steps))
+        if not data.empty:
+            st.altair_chart(_timing_chart(data, min(900, max(120, 12 * len(steps)))), width="stretch")
         return
-    with st.expander("Timing: time to first token, generation, tools between calls", expanded=True):
-        height = min(900, max(120, 12 * len(steps)))
-        chart = alt.Chart(data).mark_bar().encode(
-            x=alt.X("start_s:Q", title="seconds since the first call"), x2="end_s:Q",
-            y=alt.Y("step:O", title="step", axis=alt.Axis(labelOverlap=True)),
-            color=alt.Color("kind:N", title=None, sort=["time to first token", "generation", "tools / harness"]),
-            tooltip=["step", "segment", "kind", alt.Tooltip("start_s:Q", format=".2f"),
-                     alt.Tooltip("end_s:Q", format=".2f")]).properties(height=height)
-        st.altair_chart(chart, width="stretch")
+    data = pd.DataFrame(binned_timing(steps, BINS, (shown[0].index, shown[-1].index)))
+    per = int(data["calls"].max())
+    st.caption(f"The whole rollout, {per} consecutive steps per bar (seconds spent in each kind; the steps shown "
+               "below are highlighted). Every call's figures are in the step index; the shown steps' calls are "
+               "drawn one by one under it.")
+    chart = alt.Chart(data).mark_bar().encode(
+        x=alt.X("steps:O", title="steps", sort=alt.SortField("first_step"), axis=alt.Axis(labelOverlap=True)),
+        y=alt.Y("sum(seconds):Q", title="seconds"),
+        color=alt.Color("kind:N", title=None, sort=KINDS),
+        opacity=alt.condition("datum.in_window", alt.value(1.0), alt.value(0.35)),
+        tooltip=["steps", "calls", "kind", alt.Tooltip("seconds:Q", format=".2f")]).properties(height=260)
+    st.altair_chart(chart, width="stretch")
 
 
-def _index_and_steps(ctx: Context, rid: str, steps: list[Step]) -> None:
+def _window_timing(steps: list[Step], shown: list[Step]) -> None:
+    if len(steps) <= DETAIL_MAX:
+        return  # the chart above draws every call
+    data = pd.DataFrame(timing_rows(shown, t0=steps[0].call.started_at))
+    if not data.empty:
+        with st.expander(f"Timing of steps {shown[0].index}-{shown[-1].index}, call by call", expanded=True):
+            st.altair_chart(_timing_chart(data, max(120, 14 * len(shown))), width="stretch")
+
+
+def _index(steps: list[Step]) -> None:
     index = pd.DataFrame([{"step": s.index, "segment": s.segment, "tools": ", ".join(t["name"] for t in s.tool_calls),
                            "finish": s.call.finish_reason, "error": s.call.error_class,
                            "latency_s": round(duration_s(s.call), 2),
+                           "ttft_s": None if s.call.ttft_ms is None else round(s.call.ttft_ms / 1000, 2),
                            "tool_s": None if s.tool_s is None else round(s.tool_s, 2),
                            "completion tokens": s.call.n_completion_tokens} for s in steps])
     with st.expander(f"Step index ({len(steps)} steps)", expanded=len(steps) > WINDOW):
         st.dataframe(index, hide_index=True, width="stretch", height=min(400, 36 + 35 * len(steps)))
+
+
+def _target(steps: list[Step]) -> int:
+    """The step the page opens at: the linked call's, else ``&step=N``, as the jump box holds it."""
     by_call = {s.call.id: s.index for s in steps}
     try:
         linked = by_call.get(st.query_params.get("call")) or int(st.query_params.get("step", 1))
@@ -128,21 +165,36 @@ def _index_and_steps(ctx: Context, rid: str, steps: list[Step]) -> None:
                                  value=min(max(1, linked), len(steps)), key="tl_step"))
     if str(target) != st.query_params.get("step"):
         st.query_params["step"] = str(target)
+    return target
+
+
+def _index_and_steps(ctx: Context, rid: str, steps: list[Step]) -> None:
+    timing = st.container()  # drawn once the window is known, above the index
+    _index(steps)
+    target = _target(steps)
     first = max(0, min(target - 1 - WINDOW // 4, len(steps) - WINDOW))
     shown = steps[first:first + WINDOW]
+    with timing, st.expander("Timing: time to first token, generation, tools between calls", expanded=True):
+        _timing(steps, shown)
     st.caption(f"Steps {shown[0].index}-{shown[-1].index} of {len(steps)}")
+    _window_timing(steps, shown)
     for s in shown:
         if s.boundary is not None:
             st.markdown(f"---\n**Segment {s.segment} starts at step {s.index}:** {s.boundary}")
-        _step(ctx, rid, s, expanded=s.index == target)
+        _step(ctx, rid, s, expanded=s.index == target, key=f"tl_open_{rid}_{target}_{s.index}")
 
 
-def _step(ctx: Context, rid: str, s: Step, expanded: bool) -> None:
+def _step(ctx: Context, rid: str, s: Step, expanded: bool, key: str) -> None:
+    """One step as an expander whose content the script writes only while it is open (opening one reruns the
+    script): the browser draws the linked step, not the messages, code blocks and screenshots of the whole window."""
     c = s.call
     tools = ", ".join(t["name"] for t in s.tool_calls) or (c.finish_reason or "answer")
     timing = f"{duration_s(c):.2f} s" + (f" (first token {c.ttft_ms / 1000:.2f} s)" if c.ttft_ms else "")
     title = f"Step {s.index} · {tools} · {timing}" + (" · ERROR" if c.error_class else "")
-    with st.expander(title, expanded=expanded):
+    box = st.expander(title, expanded=expanded, key=key, on_change="rerun")
+    if not box.open:
+        return
+    with box:
         st.caption(f"call {c.id} · seq {c.seq} · segment {s.segment} · {c.n_prompt_tokens or 0} prompt / "
                    f"{c.n_completion_tokens or 0} completion tokens · finish `{c.finish_reason}` · policy "
                    f"`{c.policy_version_id}` · token-exact {c.token_exact}"
