@@ -112,7 +112,7 @@ class UpstreamPool:
         if only is not None:
             only.calls += 1
             return only
-        among = self._among(model, chosen) if self._serving is not None and model is not None else None
+        among = self._serving_among(model, chosen)
         if among is not None:
             return self._pick_among(key, model, among)
         if key is not None:
@@ -126,8 +126,10 @@ class UpstreamPool:
         rep.calls += 1
         return rep
 
-    def _among(self, model: str, chosen: bool) -> tuple[Replica, ...] | None:
-        """The replicas that serve ``model`` (None: any replica may take it)."""
+    def _serving_among(self, model: str | None, chosen: bool) -> tuple[Replica, ...] | None:
+        """The replicas that serve ``model`` (None: any replica may take it, also where all serve the same)."""
+        if self._serving is None or model is None:
+            return None
         among = self._serving.get(model)
         if among is None and chosen:
             served = "; ".join(f"{r.url} serves {list(r.info.models)}" for r in self.replicas if r.info is not None)
@@ -211,7 +213,7 @@ class UpstreamPool:
                       chosen: bool = False):
         """A request that is not a recorded call (``/v1/models``, token counts): on a replica that takes calls and
         serves ``model`` (chosen, refused: as ``pick`` does), the next such one if it cannot be reached."""
-        among = self._among(model, chosen) if self._serving is not None and model is not None else None
+        among = self._serving_among(model, chosen)
         rep, tried = self._only or self._least(among=among), []
         while True:
             try:
