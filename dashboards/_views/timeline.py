@@ -113,8 +113,9 @@ def _timing_chart(data: pd.DataFrame, height: int) -> alt.Chart:
 
 def _timing(steps: list[Step], shown: list[Step]) -> None:
     """Every call's bars for a rollout of up to ``DETAIL_MAX`` steps; a longer one at coarse grain (at most ``BINS``
-    groups of consecutive steps, the window's highlighted) with the window's calls in detail below. The browser draws
-    each bar through Vega's expression interpreter: 3,000 bars of a 1,000-call rollout took it over 10 s."""
+    groups of consecutive steps, the window's highlighted) with the window's calls in detail below: 3,000 bars of a
+    1,000-call rollout read as a smear. (A CPU profile of one open put Vega at about 0.5 s; most of an open's browser
+    time is Streamlit's own page, see bench/timeline_render.py in the README.)"""
     if len(steps) <= DETAIL_MAX:
         data = pd.DataFrame(timing_rows(steps))
         if not data.empty:
