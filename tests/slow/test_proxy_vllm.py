@@ -71,3 +71,30 @@ def test_second_turn_extends_the_first(vpx):
     assert b.prompt_token_ids == _tokenize(root, history)
     # the engine's second prompt starts with the first prompt (the learner merges such turns)
     assert b.prompt_token_ids[: len(a.prompt_token_ids)] == a.prompt_token_ids
+
+
+def test_a_gemini_harness_naming_its_own_model_is_served_counted_and_recorded_as_the_policy(vpx):
+    """Gemini CLI names Gemini models; with a policy version active the real engine serves every call with the
+    version's model (the only one it has), ``:countTokens`` counts with it (the chosen name is what vLLM's
+    ``/tokenize`` reads as ``model``), and the call is stored as the served model under that version, the name the
+    harness asked for kept beside it."""
+    px, root = vpx
+    r = px.admin("POST", "/admin/policy_versions", json={"id": "smollm2-v0", "model_name": MODEL_NAME,
+                                                           "activate": True})
+    assert r.status_code == 200 and r.json()["current"] == "smollm2-v0", r.text
+    token, asked = px.register("gem"), "gemini-2.5-pro"
+    contents = [{"role": "user", "parts": [{"text": m["content"]}]} for m in MESSAGES[1:]]
+    body = {"systemInstruction": {"parts": [{"text": MESSAGES[0]["content"]}]}, "contents": contents}
+    count = httpx.post(f"{px.url}/v1beta/models/{asked}:countTokens", headers={"x-goog-api-key": token},
+                       json={"generateContentRequest": {"model": f"models/{asked}", **body}}, timeout=120)
+    assert count.status_code == 200, count.text
+    expected = len(_tokenize(root, MESSAGES))
+    # vLLM's /tokenize of the same messages (with the generation prompt: what a call's prompt holds)
+    assert count.json()["totalTokens"] == expected, (count.json(), expected)
+    gen = httpx.post(f"{px.url}/v1beta/models/{asked}:generateContent", headers={"x-goog-api-key": token},
+                     json={**body, "generationConfig": {"temperature": 0, "maxOutputTokens": 8}}, timeout=300)
+    assert gen.status_code == 200, gen.text
+    (call,) = px.calls("gem")
+    assert call.model == MODEL_NAME and call.policy_version_id == "smollm2-v0"
+    assert call.metadata["model_requested"] == asked
+    assert call.token_exact and call.prompt_token_ids == _tokenize(root, MESSAGES)
