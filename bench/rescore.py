@@ -2,6 +2,7 @@
 
     python bench/rescore.py --store URL --versions SFT FINAL [--where EXPR]   # an existing store (e.g. the demo's)
     python bench/rescore.py [--groups 3 --per-group 2]                       # a small store made here
+    python bench/rescore.py --store URL --versions SFT FINAL --scorer vllm-served   # through the CPU vLLM engine
 
 With ``--store``, every selected call is re-scored under both versions (what is stored already is skipped: run it
 on a fresh store, or read ``already``). Without it, the bench makes its own store first: two-turn rollouts recorded
@@ -13,7 +14,9 @@ Figures: ``self_ratio_mean`` / ``self_kl`` over the calls re-scored under the ve
 in [0.99, 1.01] / |k3| <= 1e-3: token-exact end to end), ``kl_sft_vs_final`` the k3 KL(behaviour || second
 version) over the first version's calls, ``mismatch_p99`` the 99th percentile of |logp_engine - logp_V| over the
 self re-scored tokens. ``minutes`` and ``tokens_per_s`` are the two re-scores' wall time (model loads included).
-The last line is one JSON object.
+``--scorer vllm-served`` scores through the CPU vLLM engine instead of the Hugging Face model: one server is started
+on the first version's checkpoint and switched to the second in place (``VllmServer.load_weights``, as the loop
+switches policies); its start and the switch are inside ``minutes``. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -53,6 +56,21 @@ def make_store(work: Path, python: Path, groups: int, per_group: int) -> tuple[s
     return url, ["base", res.policy_version]
 
 
+def _served(st, versions: list[str], args) -> list:
+    """Both versions through one CPU vLLM server: started on the first version's weights, switched in place."""
+    from learner._rescore import _checkpoint, _version
+
+    folders = [_checkpoint(_version(st, v), v, None) for v in versions]
+    results = []
+    with VllmServer(os.environ.get(CACHE_ENV), progress=False) as server:
+        for v, folder in zip(versions, folders):
+            _say(f"engine: {v}'s weights loaded in {server.load_weights(folder):.1f} s")
+            results.append(rescore(st, v, scorer="vllm-served", engines=[server.base_url],
+                                   served_model=server.model_name, concurrency=args.concurrency, where=args.where,
+                                   progress=_say))
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", help="an existing store (default: a small one made here)")
@@ -60,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--where", help="which rollouts (the export's --where language; default: all)")
     ap.add_argument("--groups", type=int, default=3)
     ap.add_argument("--per-group", type=int, default=2)
+    ap.add_argument("--scorer", choices=("hf-float32", "hf-bfloat16", "vllm-served"), default="hf-float32",
+                    help="the Hugging Face model of each checkpoint in float32 (default, the engine's dtype) or under "
+                    "bfloat16 autocast, or the CPU vLLM engine serving it")
+    ap.add_argument("--concurrency", type=int, default=4, help="vllm-served: requests in flight at once")
     args = ap.parse_args(argv)
     if bool(args.store) != bool(args.versions):
         ap.error("--store and --versions go together: an existing store and the two versions to re-score it under")
@@ -69,15 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         url, versions = (args.store, args.versions) if args.store else make_store(work, python, args.groups,
                                                                                    args.per_group)
         with open_store(url, settings=Settings(home=work / "home")) as st:
-            t0, results = time.monotonic(), []
-            for v in versions:
-                results.append(rescore(st, v, python=python, where=args.where, progress=_say))
+            t0 = time.monotonic()
+            results = (_served(st, versions, args) if args.scorer == "vllm-served" else
+                       [rescore(st, v, python=python, scorer=args.scorer, where=args.where, progress=_say)
+                        for v in versions])
             seconds = time.monotonic() - t0
             pairs = [p for v in versions for p in mismatch_pairs(st, version=v)]
     own = self_consistency(pairs)   # pooled over both versions' self re-scores
     cross = [p for p in pairs if p.version == versions[1] and p.behaviour == versions[0]]
     tokens = sum(r.tokens for r in results)
-    out = {"store": "self-made" if not args.store else "existing", "versions": versions,
+    out = {"store": "self-made" if not args.store else "existing", "versions": versions, "scorer": args.scorer,
            "calls": max(r.selected_calls for r in results), "scored_calls": sum(r.scored_calls for r in results),
            "already": sum(r.already for r in results), "tokens": tokens,
            "tokens_per_s": round(tokens / seconds, 1) if seconds else None, "minutes": round(seconds / 60, 3),

@@ -211,7 +211,12 @@ def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: 
     with tempfile.TemporaryDirectory(prefix="openforge-rescore-") as tmp:
         path = Path(tmp) / "calls.jsonl"
         with open(path, "w") as f:
-            for c in sorted(todo, key=lambda c: (c.rollout_id, c.seq)):
+            # rollouts in the order of their first prompt's ids: neighbours share the longest start (the system
+            # prompt and tools, a group's task), which the step reads from the last pass's keys and values
+            first = {}
+            for c in sorted(todo, key=lambda c: c.seq):
+                first.setdefault(c.rollout_id, c.prompt_token_ids)
+            for c in sorted(todo, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq)):
                 f.write(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
                                     "completion_ids": c.completion_token_ids}) + "\n")
         with open(Path(tmp) / "stderr", "w+") as err:
@@ -235,6 +240,9 @@ def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: 
                     proc.wait()
             err.seek(0)
             tail = err.read()[-3000:]
+    summary = [ln for ln in tail.splitlines() if ln.startswith("rescore-step: ")]
+    if rc == 0 and summary:   # the step's own count: tokens through the model, and those read from a shared start
+        sink.say(summary[-1])
     if rc != 0:
         raise RescoreError(f"the re-score step failed (exit {rc}{', killed after ' + str(timeout_s) + ' s' if rc < 0 else ''}"
                            f"); {res.written} re-scores were stored and a run again resumes after them:\n{tail}")

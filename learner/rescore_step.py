@@ -13,6 +13,12 @@ A causal model's logprob at position t depends on the tokens up to t only, so a 
 prefix of a later call of the same rollout (an agent's turns usually are) takes its logprobs from that call's
 forward pass: a rollout of T turns costs one pass over its longest sequence instead of T passes. The logits are
 computed only where a completion token is scored, in float32, a chunk of positions at a time.
+
+Across rollouts, the start is shared too: rollouts of one harness begin with the same system prompt and tool list,
+and a GRPO group's rollouts with the same task. The keys and values of the last sequence passed through the model
+are kept, and the next sequence's pass starts after the tokens the two have in common (at least ``MIN_SHARED``;
+never past the first position to score), from a copy of those keys and values. Attention over cached keys computes
+the same sums in another order, so logprobs move in the last float32 digits only.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 
 CHUNK = 512   # positions whose logits are in memory at once (512 x 49,152 vocabulary x 4 bytes: 100 MB)
+MIN_SHARED = 32   # fewer tokens in common with the cached sequence: a plain pass (copying the cache would not pay)
 
 
 def say(msg: str) -> None:
@@ -47,22 +54,58 @@ def _rollouts(path: Path):
         yield group
 
 
-def _forward(torch, model, ids: list[int], positions: list[int], dtype):
+class SharedStart:
+    """The keys and values of the last sequence through the model, for the next one's common start."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.cache = None
+        self.reused = 0   # tokens not passed through the model again thanks to it
+
+    def start(self, ids: list[int], first: int) -> tuple[int, object]:
+        """How many leading tokens of ``ids`` need no pass (``first``: the first position whose hidden state is
+        needed), and a cache holding them (None: a plain pass)."""
+        n, most = 0, min(len(self.ids), first)
+        while n < most and self.ids[n] == ids[n]:
+            n += 1
+        if n < MIN_SHARED or self.cache is None:
+            return 0, None
+        import copy
+
+        cache = copy.deepcopy(self.cache)
+        if len(self.ids) > n:
+            cache.crop(n - len(self.ids))   # drop the tokens after the common start
+        self.reused += n
+        return n, cache
+
+
+def _forward(torch, model, ids: list[int], positions: list[int], dtype, shared: SharedStart | None = None):
     """logprob of ``ids[t]`` given ``ids[:t]`` for each t in ``positions`` (sorted, all >= 1)."""
     x = torch.tensor([ids])
+    skip, cache = shared.start(ids, positions[0] - 1) if shared is not None else (0, None)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
+        if shared is None:
+            hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
+        else:
+            if cache is None:
+                from transformers import DynamicCache
+
+                cache = DynamicCache(config=model.config)
+            res = model.get_decoder()(input_ids=x[:, skip:], past_key_values=cache, use_cache=True)
+            hidden = res.last_hidden_state[0]
+            shared.ids, shared.cache = ids, res.past_key_values
         out = []
         head = model.get_output_embeddings()
         for i in range(0, len(positions), CHUNK):
             pos = torch.tensor(positions[i:i + CHUNK])
-            logits = head(hidden[pos - 1]).float()
+            logits = head(hidden[pos - 1 - skip]).float()
             logp = torch.log_softmax(logits, dim=-1).gather(1, x[0, pos].unsqueeze(1)).squeeze(1)
             out += logp.tolist()
     return out
 
 
-def score_rollout(torch, model, calls: list[dict], dtype) -> tuple[dict[str, list[float]], int]:
+def score_rollout(torch, model, calls: list[dict], dtype, shared: SharedStart | None = None
+                  ) -> tuple[dict[str, list[float]], int]:
     """Each call's completion logprobs; and how many tokens went through the model."""
     done: list[tuple[list[int], dict[int, float]]] = []   # scored sequences: ids, position -> logprob
     out, forwarded = {}, 0
@@ -84,7 +127,7 @@ def score_rollout(torch, model, calls: list[dict], dtype) -> tuple[dict[str, lis
                 if len(of) <= len(full) and full[:len(of)] == of:
                     need.update(range(len(o["prompt_ids"]), len(of)))
             positions = sorted(need)
-            host = (full, dict(zip(positions, _forward(torch, model, full, positions, dtype))))
+            host = (full, dict(zip(positions, _forward(torch, model, full, positions, dtype, shared))))
             forwarded += len(full)
             done.append(host)
         out[c["call_id"]] = [host[1][t] for t in want]
@@ -96,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--calls", required=True)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--no-shared-start", dest="shared_start", action="store_false",
+                    help="pass every sequence through the model from its first token (no keys and values reused "
+                    "across rollouts)")
     args = ap.parse_args(argv)
     import torch
     import transformers
@@ -106,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     print(json.dumps({"lineage": {"engine": "transformers", "engine_version": transformers.__version__,
                                   "torch": torch.__version__, "dtype": args.dtype, "device": "cpu",
-                                  "threads": torch.get_num_threads()}}), flush=True)
+                                  "threads": torch.get_num_threads(), "shared_start": args.shared_start}}),
+          flush=True)
     t0, calls, tokens, forwarded = time.monotonic(), 0, 0, 0
+    shared = SharedStart() if args.shared_start else None
     for group in _rollouts(Path(args.calls)):
         try:
-            scored, n = score_rollout(torch, model, group, dtype)
+            scored, n = score_rollout(torch, model, group, dtype, shared)
         except ValueError as exc:
             say(f"error: {exc}")
             return 2
@@ -119,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"call_id": c["call_id"], "logprobs": scored[c["call_id"]]}), flush=True)
             calls += 1
             tokens += len(c["completion_ids"])
-    say(f"rescore-step: {calls} calls, {tokens} completion tokens, {forwarded} tokens through the model in "
-        f"{time.monotonic() - t0:.1f} s")
+    reused = shared.reused if shared is not None else 0
+    say(f"rescore-step: {calls} calls, {tokens} completion tokens, {forwarded - reused} tokens through the model "
+        f"({reused} more read from a shared start) in {time.monotonic() - t0:.1f} s")
     return 0
 
 

@@ -7,6 +7,8 @@ a second version trained from them by one real GRPO step. Then:
   (token-exact end to end), and ``openforge rescore`` says so;
 * a re-score killed (SIGKILL) after its first stored batch resumes where it stopped, and a re-score run again
   writes nothing;
+* the step's shared start (keys and values of a common start reused across rollouts) gives the logprobs a pass
+  from each sequence's first token gives, to float32 rounding;
 * the served scorer (``--scorer vllm-served --engine URL``: ``prompt_logprobs`` from the same engine) is
   self-consistent too, and agrees with the Hugging Face scorer token by token;
 * under the trained version the KL(behaviour || version) is > 0 and shows in ``openforge analyze``;
@@ -90,6 +92,36 @@ def test_a_killed_rescore_resumes_and_the_self_rescore_is_token_exact(world):
     with open_store(world["url"], settings=world["settings"]) as st:
         rows = rescores(st, policy_version_id="base")
     assert len(rows) == world["calls"] == len({r.call_id for r in rows})
+
+
+def test_the_shared_start_reuses_a_common_start_and_changes_no_logprob(world, tmp_path):
+    from learner._rescore import STEP_SCRIPT, select
+
+    with open_store(world["url"], settings=world["settings"]) as st:
+        calls = [c for cs in st.token_calls(select(st).rollout_ids).values() for c in cs]
+    first = {}
+    for c in sorted(calls, key=lambda c: c.seq):
+        first.setdefault(c.rollout_id, c.prompt_token_ids)
+    path = tmp_path / "calls.jsonl"
+    path.write_text("".join(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
+                                        "completion_ids": c.completion_token_ids}) + "\n"
+                            for c in sorted(calls, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq))))
+    model = ensure_model(os.environ.get(CACHE_ENV), progress=False)
+    runs = {}
+    for name, extra in (("shared", []), ("plain", ["--no-shared-start"])):
+        out = subprocess.run([str(world["python"]), str(STEP_SCRIPT), "--model", str(model), "--calls", str(path),
+                              *extra], capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        lines = [json.loads(x) for x in out.stdout.splitlines()]
+        assert lines[0]["lineage"]["shared_start"] is (name == "shared")
+        runs[name] = ({x["call_id"]: x["logprobs"] for x in lines[1:]}, out.stderr.strip().splitlines()[-1])
+    print(runs["shared"][1], "|", runs["plain"][1])
+    reused = int(runs["shared"][1].split("(")[1].split()[0])
+    assert reused > 0 and "(0 more read" in runs["plain"][1]   # the groups' rollouts share their first prompt
+    shared, plain = runs["shared"][0], runs["plain"][0]
+    assert set(shared) == set(plain) == {c.id for c in calls}
+    diffs = [abs(a - b) for c in plain for a, b in zip(shared[c], plain[c], strict=True)]
+    assert max(diffs) <= 1e-3, max(diffs)
 
 
 def test_the_served_scorer_on_the_same_engine_is_self_consistent_and_agrees_with_hf(world, vllm_server):
