@@ -65,6 +65,9 @@ def export_command(
     no_std: bool = typer.Option(False, "--no-std", help="Dr.GRPO: do not divide advantages by the group std."),
     call_cost: float = typer.Option(0.0, "--call-cost", help="Efficiency shaping: a rollout of n model calls counts "
                                     "reward * (1 - COST)**(n-1) in its group's advantages (0: the stored reward)."),
+    success_at: Optional[float] = typer.Option(None, "--success-at", help="Success-only rewards: a rollout counts 1 "
+                                               "in its group's advantages when its reward reaches this (e.g. 1.0), "
+                                               "else 0 (default: the stored reward, partial credit included)."),
     reward_source: list[str] = typer.Option([], "--reward-source", help="Only rewards from this source count "
                                             "(verifier | judge | human | api; repeat for several; default: every "
                                             "source). A rollout's reward is its latest from these."),
@@ -109,7 +112,8 @@ def export_command(
                            keep_truncated=keep_truncated, norm_by_std=not no_std, group_where=group_where,
                            allow_partial_groups=allow_partial_groups, include_redacted=include_redacted,
                            include_self_calls=include_self_calls, rollout_is=rollout_is, rollout_is_cap=rollout_is_cap, rollout_is_version=rollout_is_version,
-                           rollout_is_scorer=rollout_is_scorer, call_cost=call_cost)
+                           rollout_is_scorer=rollout_is_scorer, call_cost=call_cost,
+                           success_at=success_at)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err) as bar:
             task = bar.add_task(f"export {format}", total=None)

@@ -45,14 +45,23 @@ class ExportConfig:
     # efficiency shaping of the advantages' rewards: a rollout of n model calls counts reward * (1 - call_cost)**(n-1)
     # (0: the reward as stored). Multiplicative, so a zero reward stays zero: quitting early is never paid for
     call_cost: float = 0.0
+    # success-only rewards: a rollout counts 1.0 when its reward reaches this, else 0.0 (before call_cost), so that a
+    # verifier's partial credit (steps done of a task) does not become a full-size advantage in a group without a
+    # success; None: the reward as stored
+    success_at: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.call_cost < 1.0:
             raise ExportError(f"call_cost={self.call_cost}: a share of the reward each model call after the first "
                               "costs, in [0, 1) (0: the stored reward; e.g. 0.1)")
+        if self.success_at is not None and not self.success_at > 0:
+            raise ExportError(f"success_at={self.success_at}: the reward from which a rollout counts as a success "
+                              "is above 0 (e.g. 1.0, a verifier's full marks), or None for the reward as stored")
 
     def shaped(self, reward: float, calls: int) -> float:
         """The reward a rollout of ``calls`` model calls counts with in its group's advantages."""
+        if self.success_at is not None:
+            reward = 1.0 if reward >= self.success_at else 0.0
         return reward * (1.0 - self.call_cost) ** max(calls - 1, 0) if self.call_cost else reward
 
     def grpo(self) -> GrpoConfig:
@@ -67,6 +76,8 @@ class ExportConfig:
                 del d[k]
         if not self.call_cost:   # nor do exports without shaping
             del d["call_cost"]
+        if self.success_at is None:
+            del d["success_at"]
         if not self.include_self_calls:   # nor those that leave self-calls out (older stores have none marked)
             del d["include_self_calls"]
         return d

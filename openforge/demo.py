@@ -64,6 +64,8 @@ def demo_command(
                                     "rewards: a rollout of n model calls counts reward * (1 - COST)**(n-1)."),
     sft_anchor: float = typer.Option(GrpoRecipe.sft_anchor, "--sft-anchor", help="Weight of the demonstrations' "
                                      "SFT loss joined to every GRPO step (PPO-ptx; 0: none)."),
+    success_only: bool = typer.Option(GrpoRecipe.success_only, "--success-only", help="GRPO's advantages from "
+                                      "success or failure alone (reward 1 or not), not the verifier's partial credit."),
     dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
                                  "group's std)."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="A new AdamW every round instead of one "
@@ -104,7 +106,8 @@ def demo_command(
                                     temperature=temperature, lr=grpo_lr, epochs=grpo_epochs,
                                     batch_size=grpo_batch_size or None, loss_agg=loss_agg, clip_high=clip_high,
                                     negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
-                                    lora_rank=lora_rank, call_cost=call_cost, train_layers=train_layers,
+                                    lora_rank=lora_rank, call_cost=call_cost, success_only=success_only,
+                                    train_layers=train_layers,
                                     sft_anchor=sft_anchor)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,

@@ -294,7 +294,8 @@ class LearningLoop:
         manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'",
                                                                   keep_truncated=True,
                                                                   norm_by_std=recipe.norm_by_std,
-                                                                  call_cost=recipe.call_cost))
+                                                                  call_cost=recipe.call_cost,
+                                                                  success_at=1.0 if recipe.success_only else None))
         version = f"smollm2-{self.cfg.tag}-grpo{r}"
         state = self.optimizer / "grpo.pt"   # GRPO's own AdamW: new at round 1, then kept from round to round
         try:

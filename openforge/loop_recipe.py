@@ -31,6 +31,7 @@ class GrpoRecipe:
     negative_weight: float = 1.0  # scale of negative advantages (1: GRPO; 0: only the better-than-average pull)
     norm_by_std: bool = True      # GRPO's advantage; False: Dr. GRPO (mean-centred only)
     call_cost: float = 0.0        # efficiency shaping: a success of n calls counts (1 - call_cost)**(n-1)
+    success_only: bool = False    # advantages from success (reward 1) or not, not from the verifier's partial credit
     keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
     train_layers: int = 0         # > 0: only the last K decoder blocks train (the backward pass stops below them)

@@ -256,3 +256,28 @@ def test_call_cost_shapes_advantages_by_calls_never_pays_failures(store, tmp_pat
     assert part["counts"]["rows"] and adv("part") == pytest.approx({"quit": b["quit"]})
     with pytest.raises(ValueError, match="call_cost=1.0"):
         ExportConfig(call_cost=1.0)
+
+
+def test_success_at_takes_partial_credit_out_of_the_advantages(store, tmp_path):
+    """A group of partial credits and no success has no signal under success_at (every rollout counts 0); a
+    success among partials gets the advantage and every partial the same negative one; the manifest keeps it."""
+    store.register_task("t1", source="gen", verifier_hash="vh")
+    store.register_harness("h", "1")
+    store.register_policy_version("p1", model_name="m", global_step=1)
+    for g, rewards in (("partial", [0.5, 0.0, 0.333]), ("mixed", [1.0, 0.5, 0.0])):
+        store.create_group(g, task_id="t1", target_size=3, policy_version_id="p1")
+        for k, r in enumerate(rewards):
+            _rollout(store, f"{g}{k}", g, r, outcome="success" if r >= 1 else "failure", turns=1)
+    plain = export(store, tmp_path / "plain", ExportConfig(format="verl"))
+    binary = export(store, tmp_path / "binary", ExportConfig(format="verl", success_at=1.0))
+    adv = lambda d: dict(zip(*[pd.read_parquet(tmp_path / d / "trajectories-00000.parquet")[c]  # noqa: E731
+                               for c in ("rollout_id", "advantage")]))
+    a, b = adv("plain"), adv("binary")
+    assert a["partial0"] > 0 and a["mixed1"] != a["mixed2"]   # partial credit moves the plain advantages
+    assert b["partial0"] == b["partial1"] == b["partial2"] == 0.0
+    assert b["mixed0"] == pytest.approx(group_advantages([1.0, 0.0, 0.0], GrpoConfig()).advantages[0])
+    assert b["mixed1"] == pytest.approx(b["mixed2"]) and b["mixed1"] < 0
+    assert binary["config"]["success_at"] == 1.0 and "success_at" not in plain["config"]
+    assert verify(tmp_path / "binary" / "manifest.json", store)["ok"]
+    with pytest.raises(ValueError, match="success_at=0"):
+        ExportConfig(success_at=0)
