@@ -205,20 +205,25 @@ def _run_served(engine: served_scorer.Served, todo: Sequence[TokenCall], sink: S
     sink.write()
 
 
+def write_step_input(calls: Sequence[TokenCall], path: Path) -> None:
+    """``rescore_step.py``'s ``--calls`` file: a rollout's calls together in ``seq`` order, the rollouts in the order
+    of their first prompt's ids, so that neighbours share the longest start (the system prompt and tools, a group's
+    task), which the step reads from the last pass's keys and values."""
+    first: dict[str, list[int]] = {}
+    for c in sorted(calls, key=lambda c: c.seq):
+        first.setdefault(c.rollout_id, c.prompt_token_ids)
+    with open(path, "w") as f:
+        for c in sorted(calls, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq)):
+            f.write(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
+                                "completion_ids": c.completion_token_ids}) + "\n")
+
+
 def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: RescoreResult, sink: Sink,
          timeout_s: float) -> None:
     by_id = {c.id: c for c in todo}
     with tempfile.TemporaryDirectory(prefix="openforge-rescore-") as tmp:
         path = Path(tmp) / "calls.jsonl"
-        with open(path, "w") as f:
-            # rollouts in the order of their first prompt's ids: neighbours share the longest start (the system
-            # prompt and tools, a group's task), which the step reads from the last pass's keys and values
-            first = {}
-            for c in sorted(todo, key=lambda c: c.seq):
-                first.setdefault(c.rollout_id, c.prompt_token_ids)
-            for c in sorted(todo, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq)):
-                f.write(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
-                                    "completion_ids": c.completion_token_ids}) + "\n")
+        write_step_input(todo, path)
         with open(Path(tmp) / "stderr", "w+") as err:
             proc = subprocess.Popen([str(python), str(STEP_SCRIPT), "--model", str(model), "--calls", str(path),
                                      "--dtype", dtype], stdout=subprocess.PIPE, stderr=err, text=True)

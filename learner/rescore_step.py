@@ -24,6 +24,7 @@ the same sums in another order, so logprobs move in the last float32 digits only
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -70,8 +71,6 @@ class SharedStart:
             n += 1
         if n < MIN_SHARED or self.cache is None:
             return 0, None
-        import copy
-
         cache = copy.deepcopy(self.cache)
         if len(self.ids) > n:
             cache.crop(n - len(self.ids))   # drop the tokens after the common start

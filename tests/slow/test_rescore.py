@@ -95,17 +95,12 @@ def test_a_killed_rescore_resumes_and_the_self_rescore_is_token_exact(world):
 
 
 def test_the_shared_start_reuses_a_common_start_and_changes_no_logprob(world, tmp_path):
-    from learner._rescore import STEP_SCRIPT, select
+    from learner._rescore import STEP_SCRIPT, select, write_step_input
 
     with open_store(world["url"], settings=world["settings"]) as st:
         calls = [c for cs in st.token_calls(select(st).rollout_ids).values() for c in cs]
-    first = {}
-    for c in sorted(calls, key=lambda c: c.seq):
-        first.setdefault(c.rollout_id, c.prompt_token_ids)
     path = tmp_path / "calls.jsonl"
-    path.write_text("".join(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
-                                        "completion_ids": c.completion_token_ids}) + "\n"
-                            for c in sorted(calls, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq))))
+    write_step_input(calls, path)   # the input openforge rescore gives the step
     model = ensure_model(os.environ.get(CACHE_ENV), progress=False)
     runs = {}
     for name, extra in (("shared", []), ("plain", ["--no-shared-start"])):
