@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
+    from bench.shard_pushes import answer_kind
     from forge_store import Settings, open_store, rescores
-    from learner._rescore import _version, select
+    from learner._rescore import select
 
     with open_store(args.store, settings=Settings()) as st:
         a, b = ({r.call_id: r.logprobs for r in rescores(st, policy_version_id=v, scorer=args.scorer)}
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.scorer}: run openforge rescore --version V --scorer {args.scorer} for each first")
         found = args.tokenizer
         if found is None:
-            ckpt = _version(st, args.versions[0]).get("checkpoint_id")
+            row = next((r for r in st.lineage("policy_versions") if r["id"] == args.versions[0]), {})
+            ckpt = row.get("checkpoint_id")
             found = Path(ckpt) / "tokenizer.json" if ckpt else None
         if found is None or not found.is_file():
             ap.error(f"no tokenizer.json at {found}: pass --tokenizer PATH")
@@ -54,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = Tokenizer.from_file(str(found))
     shift: dict[str, list[float]] = {"text": [], "tool": []}
     for cid in both:
-        ids = calls[cid].completion_token_ids
-        kind = "tool" if tok.decode(ids[:4], skip_special_tokens=False).lstrip().startswith("<tool") else "text"
+        kind = answer_kind(tok, calls[cid].completion_token_ids)
         shift[kind].append(sum(b[cid][:args.tokens]) - sum(a[cid][:args.tokens]))
     out = {"versions": args.versions, "scorer": args.scorer, "tokens": args.tokens}
     rng = random.Random(0)

@@ -33,13 +33,23 @@ def spans(mask: list[int]) -> list[list[int]]:
     return out + ([cur] if cur else [])
 
 
+def answer_kind(tok, ids: list[int]) -> str:
+    """``tool`` when the answer's first tokens open a ``<tool_call>``, else ``text`` (the turn ends)."""
+    return "tool" if tok.decode(list(ids[:4]), skip_special_tokens=False).lstrip().startswith("<tool") else "text"
+
+
+def _segment(row: dict) -> tuple[str, int]:
+    """(rollout, segment index) from a veRL row's key ``{uid}_{session}_{index}``: segments in their order."""
+    return row["rollout_id"], int(row["key"].rsplit("_", 1)[1])
+
+
 def shard_pushes(shard: Path, tok) -> dict:
     import pyarrow.parquet as pq
 
     rows = [r for f in sorted(shard.glob("trajectories-*.parquet")) for r in pq.read_table(f).to_pylist()]
     push, turns, ends = collections.defaultdict(float), collections.Counter(), collections.Counter()
     last: dict[str, tuple[float, str, int]] = {}
-    for r in sorted(rows, key=lambda r: r["key"] if "key" in r else ""):
+    for r in sorted(rows, key=_segment):
         mask, ids, adv = r["response_mask"], r["response_ids"], float(r["advantage"])
         n = sum(mask)
         if not n:
@@ -47,8 +57,7 @@ def shard_pushes(shard: Path, tok) -> dict:
         sign = "pos" if adv > 0 else "neg" if adv < 0 else "zero"
         kinds = []
         for sp in spans(mask):
-            head = tok.decode([ids[j] for j in sp[:4]], skip_special_tokens=False).lstrip()
-            kind = "tool" if head.startswith("<tool") else "text"
+            kind = answer_kind(tok, [ids[j] for j in sp])
             cut = "<|im_end|>" not in tok.decode([ids[j] for j in sp[-2:]], skip_special_tokens=False)
             kinds.append(kind + ("-cut" if cut else ""))
             push[(kind, sign)] += adv / n
