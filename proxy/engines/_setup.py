@@ -217,8 +217,7 @@ def offline_env(root: Path | None = None) -> dict[str, str]:
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1", VLLM_DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false",
     )
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB: MAX_MODEL_LEN tokens need ~1.5
-    env.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # MAX_MODEL_LEN is past the model's 8192
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB: ~46k tokens (46 KiB each in float32), 16 rollouts at once
     env.setdefault("VLLM_USE_AOT_COMPILE", "0")  # 0.32's AOT cache fails to load; inductor's cache works
     env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /collective_rpc, /pause, /resume, /reset_prefix_cache: load_weights
     if root is not None:  # warm compile caches cut a start from ~3 min to ~1.5 min

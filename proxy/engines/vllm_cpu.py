@@ -61,10 +61,13 @@ __all__ = ["CACHE_ENV", "MODEL_NAME", "VllmServer", "default_cache_dir", "ensure
 
 CACHE_ENV = "OPENFORGE_VLLM_CPU_CACHE"  # read by the CLI and the test fixtures, never at import time
 MODEL_NAME = "SmolLM2-135M-Instruct"  # the served model name
-# Past SmolLM2's native 8192 (VLLM_ALLOW_LONG_MAX_MODEL_LEN) for the real harnesses' prompts: with their default
-# prompts Codex sent ~4.6k tokens, Claude Code ~3k, before the served template wrote their tools (one line each).
-# Output quality past 8k does not matter to the tests; the KV cache (46 KiB/token in float32) gets 2 GiB.
-MAX_MODEL_LEN = 32768
+# SmolLM2's own 8192 positions, no more. Served at 32768 (with VLLM_ALLOW_LONG_MAX_MODEL_LEN, for long harness
+# prompts), a prompt past 8192 tokens killed the CPU engine: its rotary kernel indexes an 8192-row cos/sin cache
+# ("index out of bounds: 0 <= tmp8 < 8192L", 2026-12-04, a sampled rollout whose tool output grew its prompt), and
+# every later call failed. At 8192 vLLM answers such a request 400 "maximum context length", which the harnesses
+# read as context exceeded, and goes on serving. The real harnesses' default prompts fit (Codex ~4.6k tokens,
+# Claude Code ~3k, before the served template wrote their tools one line each).
+MAX_MODEL_LEN = 8192
 # Temperature 0 for a request that names none (the harnesses send none: their runs must not depend on the dice), a
 # default like max_tokens' (DEFAULT_MAX_TOKENS, in the model folder: _setup.py says why each lives where it does).
 GENERATION_OVERRIDES = {"temperature": 0.0}

@@ -13,7 +13,7 @@ shell tool only), ~140-650 tokens, ~5 s a run. Their output stops at 64 tokens (
 ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``; Gemini CLI: a ``modelConfigs`` override, which also sets temperature 0 where it
 would send 1; Codex sends no limit, the server's default applies) and decoding is greedy (the server's default
 temperature): the task is one that greedy SmolLM2 answers in a few tokens, since a harness fails its run on a
-truncated answer. The server still takes full prompts, up to its ``MAX_MODEL_LEN`` (32k).
+truncated answer. The server still takes full prompts, up to its ``MAX_MODEL_LEN`` (SmolLM2's 8192 positions).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ include_environment_context = false
 include_apps_instructions = false
 include_collaboration_mode_instructions = false
 project_doc_max_bytes = 0
-model_context_window = 32768
+model_context_window = 8192
 """
     t0 = time.monotonic()
     p = run_codex(px, px.register("codex-vllm"), workdir, model=MODEL_NAME, config=config, task=TASK,

@@ -184,6 +184,20 @@ def test_max_tokens_is_the_requests_and_the_default_only_a_default(client):
     assert (default.usage.completion_tokens, default.choices[0].finish_reason) == (DEFAULT_MAX_TOKENS, "length")
 
 
+def test_a_prompt_past_the_models_positions_is_refused_and_the_engine_keeps_serving(client):
+    """SmolLM2 has 8192 positions. Served at a longer --max-model-len (32768 until 2026-12-04), a sampled rollout whose
+    tool output grew its prompt past 8192 tokens killed the CPU engine (its rotary kernel: "index out of bounds:
+    0 <= tmp8 < 8192L") and every later rollout became an infra error. Now vLLM refuses the request with the
+    context-length error the harnesses read as "context exceeded", and goes on serving."""
+    import openai
+
+    long = [{"role": "user", "content": "apple " * 9000}]
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 8192"):
+        client.chat.completions.create(model=MODEL_NAME, messages=long, max_tokens=8)
+    after = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4)
+    assert after.usage.completion_tokens >= 1
+
+
 def test_temperature_defaults_to_zero(client):
     ask = [{"role": "user", "content": "Tell me one surprising word."}]
     texts = {client.chat.completions.create(model=MODEL_NAME, messages=ask, max_tokens=12, seed=seed)
