@@ -83,11 +83,28 @@ class Session:
                                    admin=admin or self.admin, progress=progress).run(tasks)
         if summary.cancelled:
             raise KeyboardInterrupt
+        self._engine_alive(name, summary)
         if not self.store.flush(120):
             raise RuntimeError("the store did not take every write within 120 s; see `openforge store info`")
         self.runs = getattr(self, "runs", [])
         self.runs.append(summary.run_id)
         return summary
+
+    def _engine_alive(self, name: str, summary) -> None:
+        """A dead engine turns every later rollout into an infra error and every round into "no update": stop the
+        loop with the engine log's last error instead of running on."""
+        server = getattr(self, "server", None)
+        proc = getattr(server, "proc", None)
+        if proc is None or proc.poll() is None:
+            return
+        log = Path(server.log) if server.log else None
+        lines = log.read_text(errors="replace").splitlines() if log and log.exists() else []
+        cause = next((ln for ln in reversed(lines) if "what():" in ln), None) or next(   # a C++ abort says why
+            (ln for ln in reversed(lines) if "Error" in ln), "(no error in the log)")
+        infra = sum(r.outcome == "infra_error" for r in summary.results)
+        raise RuntimeError(f"the vLLM engine exited (code {proc.returncode}) during {name!r}: {infra} of "
+                           f"{len(summary.results)} rollouts were infra errors. Its log {log} says: {cause.strip()}. "
+                           "Run the loop again; if it recurs, report the log")
 
     def demonstrations(self, tasks):
         """The teacher's rollouts on ``tasks``, through a second proxy (same store) in front of the teacher."""
