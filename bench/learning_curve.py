@@ -19,6 +19,8 @@ Prints a table per seed and pooled, the targets, then as its LAST line one JSON 
   sft_curve and sft_epochs (staged SFT, ``-- --sft-stage-epochs N``: validation success after each stage, and the
   epochs of the stage chosen as the SFT version),
   switch_s_p50, rubrics (SFT -> final: every rubric's two values, difference and paired interval)
+  sampled (pooled, with ``-- --eval-samples K``): the same successes, differences and rubrics over K rollouts a
+  held-out task sampled at the GRPO temperature (each seed's own figures are in its ``sampled``)
 Targets (issue 36): pooled final - SFT >= 0.15 with the interval's lower end above 0; pooled final - SFT extended
 > 0; pooled final - base >= 0.5; minutes <= 30 per seed; importance ratio in [0.99, 1.01]; a rubric other than
 success whose interval excludes 0.
@@ -69,15 +71,17 @@ def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:
     return doc
 
 
-def aggregates(seed: int, home: Path, doc: dict) -> dict[str, dict]:
-    """Role -> 's<seed>:<task>' -> the task's rubric aggregate, from this seed's store."""
+def aggregates(seed: int, home: Path, doc: dict, runs: dict | None = None) -> dict[str, dict]:
+    """Role -> 's<seed>:<task>' -> the task's rubric aggregate, from this seed's store (``runs``: version -> run,
+    the greedy evaluations by default)."""
     from forge_store import Settings, open_store
     from learner import version_tasks
 
     out: dict[str, dict] = {}
+    runs = doc["eval_runs"] if runs is None else runs
     with open_store(f"sqlite:///{home / 'store.sqlite'}", settings=Settings(home=home)) as store:
         for role, version in doc["roles"].items():
-            run = doc["eval_runs"].get(version)
+            run = runs.get(version)
             if run:
                 tasks = version_tasks(store, version, purpose="eval", run_ids=[run])
                 out[role] = {f"s{seed}:{t}": agg for t, agg in tasks.items()}
@@ -120,6 +124,8 @@ def seed_row(seed: int, doc: dict) -> dict:
     keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "switch_s_p50", "rounds",
              "phases_s", "recipe", "sft", "notes", "sft_curve"]
     row = {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
+    if doc.get("sampled"):
+        row["sampled"] = {k: v for k, v in doc["sampled"].items() if k not in ("per_task", "runs")}
     chosen = next((c for c in doc.get("sft_curve") or [] if c["version"] == doc.get("roles", {}).get("sft")), None)
     row["sft_epochs"] = chosen["epochs"] if chosen else (doc.get("sft") or {}).get("epochs")
     return row
@@ -166,6 +172,11 @@ def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
     for r in pool.get("rubrics", []):
         print(f"  {r['metric']:<34} {_fmt(r['a']):>8} -> {_fmt(r['b']):>8}  diff {_fmt(r['diff']):>8}  "
               f"CI {_fmt(r['ci95'])}")
+    sampled = pool.get("sampled")
+    if sampled:
+        print("\nsampled evaluation (--eval-samples: K rollouts a held-out task at the GRPO temperature), pooled:")
+        for c in [c for c in cols if c in sampled]:
+            print(f"  {c:<34} {_fmt(sampled[c])}")
     for name, verdict in goals.items():
         print(f"target {name:<48} {verdict}")
 
@@ -183,18 +194,24 @@ def main(argv: list[str] | None = None) -> int:
     if not any(a.split("=")[0] in ("--sft-epochs", "--sft-stage-epochs") for a in demo_args):
         demo_args = ["--sft-epochs", str(SFT_PLATEAU_EPOCHS), *demo_args]
     root = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
-    per_seed = []
+    per_seed, sampled_seeds = [], []
     try:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             home = root / f"seed{seed}"
             home.mkdir(parents=True, exist_ok=True)
             doc = run_seed(seed, home, demo_args)
             per_seed.append((seed, doc, aggregates(seed, home, doc)))
+            if (doc.get("sampled") or {}).get("runs"):   # -- --eval-samples K: the sampled evaluation, pooled too
+                sampled_seeds.append((seed, doc, aggregates(seed, home, doc, doc["sampled"]["runs"])))
             print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
             # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
             shutil.rmtree(home / "checkpoints", ignore_errors=True)
             shutil.rmtree(home / "demo", ignore_errors=True)
         pool = pooled(per_seed, args.n_boot)
+        if sampled_seeds and len(sampled_seeds) == len(per_seed):
+            sampled = pooled(sampled_seeds, args.n_boot)
+            pool["sampled"] = {k: sampled[k] for k in sampled if k.startswith(("success_", "final_minus", "sft_ext"))
+                               or k == "rubrics"}
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -193,6 +193,8 @@ def analyze_command(
                                                       "interval, paired by task."),
     purpose: str = typer.Option("eval", "--purpose", help="With --compare: the rollouts compared (eval | train | "
                                 "teacher | any)."),
+    run: list[str] = typer.Option([], "--run", help="With --compare: only rollouts of these runs (repeat; e.g. a "
+                                  "version's greedy evaluation run, not its sampled one)."),
     as_json: bool = typer.Option(False, "--json", help="Print every table as JSON (one object: table name -> rows; "
                                  "with --compare, the comparison)."),
     ratio_eps: float = typer.Option(0.2, "--ratio-eps", help="Logprob mismatch table: the share of re-scored "
@@ -204,7 +206,7 @@ def analyze_command(
     from ._analysis_config import RubricConfig, RubricConfigError
 
     if compare:
-        _compare(store, compare, purpose, tuple(k), tuple(reward_source) or None, as_json)
+        _compare(store, compare, purpose, tuple(k), tuple(reward_source) or None, as_json, tuple(run) or None)
         return
 
     if by not in SLICES:
@@ -263,7 +265,7 @@ def _print_report(report: dict, by: str) -> None:
 
 
 def _compare(store: str | None, versions: tuple[str, str], purpose: str, ks: tuple[int, ...],
-             sources: tuple[str, ...] | None, as_json: bool) -> None:
+             sources: tuple[str, ...] | None, as_json: bool, runs: tuple[str, ...] | None = None) -> None:
     from ._compare import compare_versions
     from ._report import print_comparison
 
@@ -277,12 +279,15 @@ def _compare(store: str | None, versions: tuple[str, str], purpose: str, ks: tup
             _fail(f"--compare: {', '.join(missing)} is not a policy version in {st.url}; known: "
                   f"{', '.join(sorted(known)) or '(none)'}")
         diffs = compare_versions(st, *versions, purpose=None if purpose == "any" else purpose, ks=ks,
-                                 reward_sources=sources)
+                                 reward_sources=sources, run_ids=runs)
     finally:
         st.close()
     if not any(d.a is not None or d.b is not None for d in diffs if d.metric == "success_rate"):
-        _fail(f"--compare: neither {versions[0]} nor {versions[1]} has finished {purpose} rollouts in the store; "
-              "evaluate them first (openforge run ... --purpose eval), or pass --purpose any", code=1)
+        where = f" in run(s) {', '.join(runs)}" if runs else ""
+        _fail(f"--compare: neither {versions[0]} nor {versions[1]} has finished {purpose} rollouts{where} in the "
+              "store; evaluate them first (openforge run ... --purpose eval), or pass --purpose any"
+              + (" or other --run ids (openforge sql \"SELECT DISTINCT run_id, policy_version_id FROM rollouts\")"
+                 if runs else ""), code=1)
     if as_json:
         print(json.dumps({"a": versions[0], "b": versions[1], "purpose": purpose,
                           "rubrics": [d.as_dict() for d in diffs]}))

@@ -231,9 +231,10 @@ def version_tasks(store, version: str, *, purpose: str | None = "eval", config=N
 
 def compare_versions(store, version_a: str, version_b: str, *, purpose: str | None = "eval",
                      ks: Sequence[int] = (2, 4),
-                     n_boot: int = 2000, seed: int = 0, reward_sources: Sequence[str] | None = None
-                     ) -> list[Difference]:
-    """:func:`compare_tasks` of two versions' rollouts of ``purpose`` (evaluation by default), paired by task."""
-    a = version_tasks(store, version_a, purpose=purpose, reward_sources=reward_sources)
-    b = version_tasks(store, version_b, purpose=purpose, reward_sources=reward_sources)
+                     n_boot: int = 2000, seed: int = 0, reward_sources: Sequence[str] | None = None,
+                     run_ids: Sequence[str] | None = None) -> list[Difference]:
+    """:func:`compare_tasks` of two versions' rollouts of ``purpose`` (evaluation by default), paired by task;
+    ``run_ids``: only rollouts of these runs."""
+    a = version_tasks(store, version_a, purpose=purpose, reward_sources=reward_sources, run_ids=run_ids)
+    b = version_tasks(store, version_b, purpose=purpose, reward_sources=reward_sources, run_ids=run_ids)
     return compare_tasks(a, b, ks=ks, n_boot=n_boot, seed=seed)

@@ -35,6 +35,9 @@ def demo_command(
                                    "demonstrates (the SFT data)."),
     heldout_tasks: int = typer.Option(48, "--heldout-tasks", help="Generated held-out tasks every version is "
                                       "evaluated on."),
+    eval_samples: int = typer.Option(0, "--eval-samples", help="Also evaluate every version with this many "
+                                     "rollouts per held-out task sampled at --temperature (the policy GRPO trains; "
+                                     "success averaged per task, paired by task); 0: greedy only."),
     tasks_per_round: int = typer.Option(8, "--tasks-per-round", help="Train tasks per GRPO round (one group each)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated tasks."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="An OpenAI-compatible teacher model's URL for the "
@@ -111,6 +114,7 @@ def demo_command(
                                     sft_anchor=sft_anchor)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
+                            eval_samples=eval_samples,
                             teacher=teacher, sft_epochs=sft_epochs, sft_stage_epochs=sft_stage_epochs,
                             sft_val_tasks=sft_val_tasks, sft_train_layers=train_layers, recipe=recipe, control=control,
                             concurrency=concurrency, max_turns=max_turns, max_tokens=max_tokens, port=port,
@@ -164,11 +168,13 @@ def _loop(console, **opts) -> dict:
     if cfg.teacher is None:
         console.print("[yellow]the teacher was SCRIPTED[/]: it replays each task's reference solution, knowing what "
                       "the workspace hides; it never reads back, errs or searches (examples/generated-tasks.md)")
+    greedy = [doc["eval_runs"].get(doc["roles"].get(r)) for r in ("sft", "final")]
+    runs = "".join(f" --run {r}" for r in greedy if r) if doc.get("sampled") else ""   # not the sampled runs too
     console.print("[bold]next[/] (from the project's venv, .venv/bin):\n"
                   f"  openforge lineage {doc['final_version']}   # the chain base -> SFT -> GRPO, with shards\n"
                   "  openforge dashboard                          # success by version along the chain, trajectories\n"
-                  f"  openforge analyze --compare {doc['roles'].get('sft')} {doc['final_version']}   # every rubric, "
-                  "paired by task\n"
+                  f"  openforge analyze --compare {doc['roles'].get('sft')} {doc['final_version']}{runs}   # every "
+                  "rubric, paired by task\n"
                   "  python bench/learning_curve.py --seeds 3     # the same loop over three seeds, pooled")
     return doc
 

@@ -60,6 +60,7 @@ class LoopConfig:
     train_tasks: int = 96      # the pool GRPO draws from (split evenly over the families)
     demo_tasks: int = 48       # the first of them, the ones the teacher demonstrates
     heldout_tasks: int = 48
+    eval_samples: int = 0      # > 0: also this many rollouts per held-out task sampled at the GRPO temperature
     concurrency: int = 16
     max_turns: int = 5
     max_tokens: int = 96
@@ -91,6 +92,9 @@ class LoopConfig:
         for name in ("train_tasks", "demo_tasks", "heldout_tasks", "concurrency", "max_turns", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if self.eval_samples < 0 or self.eval_samples == 1:
+            raise LoopError(f"--eval-samples {self.eval_samples}: pass 0 (greedy evaluation only) or 2 or more "
+                            "sampled rollouts per held-out task (e.g. 4); one sample says less than the greedy one")
         if self.sft_train_layers < 0:
             raise LoopError(f"--sft-train-layers {self.sft_train_layers}: pass 0 (every weight) or the number of last "
                             "decoder blocks SFT trains")
@@ -124,6 +128,7 @@ class LoopReport:
     ratios: list[float] = field(default_factory=list)  # mean importance ratio of each GRPO update's first batch
     rounds_trained: int = 0
     eval_runs: dict[str, str] = field(default_factory=dict)  # version -> its held-out evaluation run
+    sampled_runs: dict[str, str] = field(default_factory=dict)  # version -> its sampled held-out evaluation run
     grpo_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     sft_curve: list[dict] = field(default_factory=list)  # staged SFT: epochs, version, validation success
@@ -211,13 +216,24 @@ class LearningLoop:
         return train, demos, heldout
 
     def evaluate(self, version: str, tasks) -> Rate:
-        """One greedy rollout of the engine's current policy on each task, recorded as ``version``'s evaluation."""
+        """One greedy rollout of the engine's current policy on each task, recorded as ``version``'s evaluation;
+        with ``eval_samples`` also that many rollouts per task sampled at the GRPO temperature (their own run: the
+        policy GRPO optimises, and a success rate per task instead of one coin, so a paired difference is seen with
+        fewer tasks)."""
         summary = self.session.rollouts(tasks, purpose="eval", group_size=1, temperature=0.0,
                                         name=f"eval {version}")
         rate = _rate(summary)
         self.report.row(version).heldout = rate
         self.report.eval_runs[version] = summary.run_id
         self.console.print(f"held-out success of [bold]{version}[/]: {rate.text()}")
+        if self.cfg.eval_samples:
+            t = self.cfg.recipe.temperature
+            sampled = self.session.rollouts(tasks, purpose="eval", group_size=self.cfg.eval_samples, temperature=t,
+                                            name=f"eval sampled {version}")
+            self.report.row(version).sampled = _rate(sampled)
+            self.report.sampled_runs[version] = sampled.run_id
+            self.console.print(f"held-out success of [bold]{version}[/] sampled ({self.cfg.eval_samples} a task at "
+                               f"temperature {t}): {self.report.row(version).sampled.text()}")
         return rate
 
     def _demonstrate(self, demos) -> str:

@@ -25,12 +25,14 @@ def roles(report) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
-def task_aggregates(store, report) -> dict[str, dict]:
-    """Role -> task id -> the rubric aggregate of that version's held-out evaluation."""
+def task_aggregates(store, report, runs: dict[str, str] | None = None) -> dict[str, dict]:
+    """Role -> task id -> the rubric aggregate of that version's held-out evaluation (``runs``: version -> run,
+    the greedy evaluation's by default)."""
     from learner import version_tasks
 
-    return {role: version_tasks(store, v, purpose="eval", run_ids=[report.eval_runs[v]])
-            for role, v in roles(report).items() if v in report.eval_runs}
+    runs = report.eval_runs if runs is None else runs
+    return {role: version_tasks(store, v, purpose="eval", run_ids=[runs[v]])
+            for role, v in roles(report).items() if v in runs}
 
 
 def _pair(aggs: dict, a: str, b: str, n_boot: int) -> dict:
@@ -69,20 +71,44 @@ def summary_json(report, started: float, store=None, recipe: dict | None = None,
         "per_task": {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()},
         "recipe": recipe, "notes": report.notes, "sft_curve": report.sft_curve,
     })
+    doc["sampled"] = sampled_json(report, store, recipe, pairs, n_boot) if store is not None else None
+    return doc
+
+
+def sampled_json(report, store, recipe: dict | None, pairs: dict, n_boot: int) -> dict | None:
+    """The same comparisons over the sampled held-out evaluation (``--eval-samples``): every version's success as
+    the mean over its K rollouts a task at the GRPO temperature, differences paired by task (the bootstrap resamples
+    tasks, each with its K rollouts); None when the loop ran none."""
+    from learner import compare_tasks
+
+    if not report.sampled_runs:
+        return None
+    aggs = task_aggregates(store, report, report.sampled_runs)
+    doc = {"samples_per_task": max((a.n for agg in aggs.values() for a in agg.values()), default=0),
+           "temperature": (recipe or {}).get("temperature"), "runs": report.sampled_runs}
+    for role, agg in aggs.items():
+        doc[f"success_{role}"] = sum(a.passed for a in agg.values()) / max(1, sum(a.n for a in agg.values()))
+    for name, (a, b) in pairs.items():
+        d = _pair(aggs, a, b, n_boot)
+        doc[name], doc[f"{name}_ci95"] = d["diff"], d["ci95"]
+    moved = roles(report).get("final") != roles(report).get("sft")
+    doc["rubrics_sft_to_final"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot)]
+                                   if moved and "sft" in aggs and "final" in aggs else [])
+    doc["per_task"] = {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()}
     return doc
 
 
 def print_final(console, doc: dict) -> None:
     """The paired differences the demo ends with, said plainly (an interval that includes 0 is said to)."""
-    def line(name: str, label: str) -> None:
-        d, ci, p = doc.get(name), doc.get(f"{name}_ci95"), doc.get(f"{name}_p")
+    def line(name: str, label: str, src: dict = doc) -> None:
+        d, ci, p = src.get(name), src.get(f"{name}_ci95"), src.get(f"{name}_p")
         if d is None:
             return
         verdict = ("[green]above 0: a difference the interval supports[/]" if ci and ci[0] > 0 else
                    "[red]below 0[/]" if ci and ci[1] < 0 else "[yellow]the interval includes 0: not shown to differ[/]")
         span = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "(no interval)"
-        console.print(f"  {label:<26} {d:+.3f}  95% CI {span}  McNemar p {p if p is None else round(p, 4)}  {verdict}",
-                      highlight=False)
+        test = "" if src is not doc else f"  McNemar p {p if p is None else round(p, 4)}"
+        console.print(f"  {label:<26} {d:+.3f}  95% CI {span}{test}  {verdict}", highlight=False)
 
     console.print(f"[bold]paired by task[/] over {doc.get('heldout_tasks')} held-out tasks (bootstrap intervals):")
     if doc.get("roles", {}).get("final") == doc.get("roles", {}).get("sft"):
@@ -92,3 +118,9 @@ def print_final(console, doc: dict) -> None:
         line("final_minus_sft_extended", "final - SFT extended")
     line("sft_extended_minus_sft", "SFT extended - SFT")
     line("final_minus_base", "final - base")
+    sampled = doc.get("sampled")
+    if sampled and doc.get("roles", {}).get("final") != doc.get("roles", {}).get("sft"):
+        console.print(f"[bold]sampled[/]: {sampled['samples_per_task']} rollouts a held-out task at temperature "
+                      f"{sampled['temperature']} (the policy GRPO trains), success per task averaged, paired by task:")
+        line("final_minus_sft", "final - SFT (sampled)", sampled)
+        line("final_minus_sft_extended", "final - SFT ext. (sampled)", sampled)

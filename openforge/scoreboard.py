@@ -53,6 +53,7 @@ class VersionRow:
     heldout: Rate = field(default_factory=Rate)
     train: Rate = field(default_factory=Rate)
     validation: Rate = field(default_factory=Rate)  # staged SFT: greedy success on validation tasks
+    sampled: Rate = field(default_factory=Rate)  # held-out rollouts sampled at the GRPO temperature (--eval-samples)
     calls: int = 0  # model calls recorded under this version (its rollouts, all purposes)
     samples: int | None = None  # training samples in the shard this version was trained on
     seconds: dict = field(default_factory=dict)  # phase -> seconds spent making / measuring this version
@@ -60,7 +61,7 @@ class VersionRow:
     def as_dict(self) -> dict:
         return {"version": self.version, "parent": self.parent, "made_by": self.made_by,
                 "heldout": self.heldout.as_dict(), "train": self.train.as_dict(),
-                "validation": self.validation.as_dict(), "calls": self.calls,
+                "validation": self.validation.as_dict(), "sampled": self.sampled.as_dict(), "calls": self.calls,
                 "samples": self.samples, "seconds": self.seconds}
 
 
@@ -81,12 +82,14 @@ def print_scoreboard(console, rows: list[VersionRow], phases: dict[str, float]) 
     from forge_store import print_table
 
     staged = any(r.validation.n for r in rows)   # staged SFT: the stages' validation success
+    sampled = any(r.sampled.n for r in rows)     # --eval-samples: held-out success sampled at the GRPO temperature
     print_table(console, "Policy versions along the chain (success = full reward; 95% Wilson intervals)",
                 [{"version": r.version, "made by": r.made_by, "parent": r.parent or "-",
-                  "held-out success": r.heldout.text(), "train success": r.train.text(),
+                  "held-out success": r.heldout.text(),
+                  **({"held-out sampled": r.sampled.text()} if sampled else {}), "train success": r.train.text(),
                   **({"validation": r.validation.text()} if staged else {}), "calls": f"{r.calls:,}",
                   "samples": "-" if r.samples is None else f"{r.samples:,}"} for r in rows],
-                right=("held-out success", "train success", "validation", "calls", "samples"))
+                right=("held-out success", "held-out sampled", "train success", "validation", "calls", "samples"))
     times = [{"phase": name, "seconds": f"{s:.1f}"} for name, s in phases.items()]
     print_table(console, "Time per phase", [*times, {"phase": "total", "seconds": f"{sum(phases.values()):.1f}"}],
                 right=("seconds",))

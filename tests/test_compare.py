@@ -131,6 +131,37 @@ def test_analyze_compare_prints_the_table_and_json_and_refuses_unknown_versions(
     assert p.returncode == 1 and "has finished teacher rollouts" in p.stderr
 
 
+def test_compare_restricted_to_runs_leaves_another_evaluation_of_the_same_version_out(seeded):
+    """``--run``: a version evaluated twice (greedy, then sampled) is compared on the run asked for only."""
+    url, home = seeded
+    with open_store(url, settings=Settings(home=home)) as st:
+        for run in ("greedy", "sampled"):
+            st.create_run(run, name=run)
+        for version, wins in (("A", WIN_A), ("B", WIN_B)):
+            for t in range(N_TASKS):
+                rid = f"{version}-greedy-{t}"
+                st.start_rollout(rid, run_id="greedy", task_id=f"t{t}", policy_version_id=version,
+                                 metadata={"purpose": "eval"})
+                st.finish_rollout(rid, "success" if t in wins else "failure")
+                st.add_reward(rid, 1.0 if t in wins else 0.0)
+        for t in range(N_TASKS):   # B's sampled evaluation: every rollout fails
+            rid = "B-sampled-%d" % t
+            st.start_rollout(rid, run_id="sampled", task_id=f"t{t}", policy_version_id="B",
+                             metadata={"purpose": "eval"})
+            st.finish_rollout(rid, "failure")
+            st.add_reward(rid, 0.0)
+        st.flush(30)
+    p = _openforge("analyze", "--compare", "A", "B", "--run", "greedy", "--json", "--store", url, home=home)
+    assert p.returncode == 0, p.stderr
+    rows = {r["metric"]: r for r in json.loads(p.stdout)["rubrics"]}
+    assert (rows["success_rate"]["a"], rows["success_rate"]["b"]) == (8 / 20, 11 / 20), rows["success_rate"]
+    p = _openforge("analyze", "--compare", "A", "B", "--json", "--store", url, home=home)   # every eval rollout
+    rows = {r["metric"]: r for r in json.loads(p.stdout)["rubrics"]}
+    assert rows["success_rate"]["b"] == pytest.approx(22 / 60), rows["success_rate"]
+    p = _openforge("analyze", "--compare", "A", "B", "--run", "nope", "--store", url, home=home)
+    assert p.returncode == 1 and "in run(s) nope" in p.stderr and "SELECT DISTINCT run_id" in p.stderr
+
+
 def test_the_behaviour_page_shows_the_same_comparison(seeded):
     from dashboards._context import Context
     from dashboards._views.behaviour import paired

@@ -37,7 +37,7 @@ def loop(tmp_path_factory):
     p = _openforge(home, "demo", "--families", "files,plan", "--train-tasks", "4", "--demo-tasks", "2",
                    "--heldout-tasks", "2", "--rounds", "1", "--tasks-per-round", "2", "--group-size", "4",
                    "--temperature", "1.2", "--sft-epochs", "2", "--sft-stage-epochs", "1", "--sft-val-tasks", "2",
-                   "--concurrency", "4", "--port", "0")
+                   "--concurrency", "4", "--eval-samples", "2", "--port", "0")
     assert p.returncode == 0, p.stderr[-6000:]
     return home, json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
@@ -71,6 +71,14 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
         assert doc["final_minus_sft_ci95"] is not None and doc["rubrics_sft_to_final"], doc
         assert set(doc["per_task"]) == {"base", "sft", "final", "sft_extended"}, doc
         assert "paired by task" in err and "What GRPO changed" in err, err[-3000:]
+        sampled = doc["sampled"]   # --eval-samples 2: two rollouts a held-out task at the GRPO temperature
+        assert sampled["samples_per_task"] == 2 and sampled["temperature"] == 1.2, sampled
+        assert set(sampled["per_task"]) == {"base", "sft", "final", "sft_extended"}, sampled
+        assert sampled["final_minus_sft_ci95"] is not None and sampled["rubrics_sft_to_final"], sampled
+        assert sampled["runs"][grpo["version"]] != doc["eval_runs"][grpo["version"]], sampled
+        assert "final - SFT (sampled)" in err, err[-3000:]
+    for row in versions.values():   # every evaluated version was also sampled, 2 rollouts on each of 2 tasks
+        assert (row["sampled"]["n"] == 4) == (row["heldout"]["n"] == 2), row
     for link in chain[1:]:
         assert link["export_id"] and link["watermark"] and Path(link["shard"], "manifest.json").is_file(), link
 

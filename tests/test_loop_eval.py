@@ -1,0 +1,87 @@
+"""The loop's held-out evaluation: one greedy rollout a task, and with ``--eval-samples K`` also K rollouts a task
+sampled at the GRPO temperature in a run of their own (the real loop: tests/slow/test_learning_loop.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from openforge.loop import LearningLoop, LoopConfig, LoopError
+from openforge.loop_recipe import GrpoRecipe
+
+
+class RecordingSession:
+    def __init__(self, passed_greedy: int, passed_sampled: int):
+        self.calls: list[dict] = []
+        self.passed = {0.0: passed_greedy}
+        self.passed_sampled = passed_sampled
+
+    def rollouts(self, tasks, *, purpose, group_size, temperature, name):
+        self.calls.append({"purpose": purpose, "group_size": group_size, "temperature": temperature, "name": name})
+        n = len(tasks) * group_size
+        ok = self.passed.get(temperature, self.passed_sampled)
+        return SimpleNamespace(results=[SimpleNamespace(outcome="success" if i < ok else "failure") for i in range(n)],
+                               run_id=f"run-{len(self.calls)}")
+
+
+def _loop(tmp_path, eval_samples: int, temperature: float = 0.7):
+    cfg = LoopConfig(out=tmp_path, train_tasks=8, demo_tasks=4, heldout_tasks=4, eval_samples=eval_samples,
+                     recipe=GrpoRecipe(temperature=temperature), tag="t")
+    loop = LearningLoop(cfg, Console(file=open("/dev/null", "w")))
+    loop.session = RecordingSession(passed_greedy=1, passed_sampled=5)
+    loop.add_version("v", None, "sft")
+    return loop
+
+
+def test_sampled_evaluation_runs_k_a_task_at_the_grpo_temperature_in_its_own_run(tmp_path):
+    loop = _loop(tmp_path, eval_samples=3)
+    rate = loop.evaluate("v", ["a", "b", "c", "d"])
+    greedy, sampled = loop.session.calls
+    assert greedy == {"purpose": "eval", "group_size": 1, "temperature": 0.0, "name": "eval v"}
+    assert sampled == {"purpose": "eval", "group_size": 3, "temperature": 0.7, "name": "eval sampled v"}
+    row = loop.report.row("v")
+    assert (rate.successes, rate.n) == (1, 4) and (row.heldout.successes, row.heldout.n) == (1, 4)
+    assert (row.sampled.successes, row.sampled.n) == (5, 12)
+    assert loop.report.eval_runs == {"v": "run-1"} and loop.report.sampled_runs == {"v": "run-2"}
+
+
+def test_without_eval_samples_only_the_greedy_run(tmp_path):
+    loop = _loop(tmp_path, eval_samples=0)
+    loop.evaluate("v", ["a", "b"])
+    assert [c["temperature"] for c in loop.session.calls] == [0.0] and not loop.report.sampled_runs
+    assert loop.report.row("v").sampled.n == 0
+
+
+@pytest.mark.parametrize("k", [1, -2])
+def test_one_or_fewer_samples_is_refused_with_the_fix(tmp_path, k):
+    with pytest.raises(LoopError, match=rf"--eval-samples {k}: pass 0 \(greedy evaluation only\) or 2 or more"):
+        LoopConfig(out=tmp_path, train_tasks=8, demo_tasks=4, heldout_tasks=4, eval_samples=k).check()
+
+
+def test_a_dead_engine_stops_the_loop_with_the_logs_cause(tmp_path):
+    """vLLM exited mid-run: the rollouts were infra errors and every later one would be; the loop says why."""
+    import subprocess
+    import sys
+
+    from openforge.loop_session import Session
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO up\nterminate called after throwing an instance of 'std::runtime_error'\n"
+                   "  what():  kernel, x.cpp:39, index out of bounds: 0 <= tmp8 < 8192L\n"
+                   "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    session = Session(SimpleNamespace(teacher=None), None, None, None)
+    session.server = SimpleNamespace(proc=proc, log=log)
+    summary = SimpleNamespace(results=[SimpleNamespace(outcome="infra_error")] * 3 + [SimpleNamespace(outcome="success")])
+    with pytest.raises(RuntimeError, match=r"exited \(code 3\) during 'eval v': 3 of 4 rollouts were infra errors. "
+                                           r"Its log .* says: what\(\):  kernel, x.cpp:39, index out of bounds"):
+        session._engine_alive("eval v", summary)
+    session.server = SimpleNamespace(proc=subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"]),
+                                     log=log)
+    try:
+        session._engine_alive("eval v", summary)   # still running: nothing to say
+    finally:
+        session.server.proc.kill()
