@@ -144,11 +144,13 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
     from proxy import ProxySettings
     from rollout import get_backend, get_harness
 
+    from .embedded_proxy import own_socket
+
     t0, started, rep = time.monotonic(), utcnow(), DemoReport()
     settings = get_settings()
     sandbox_root = settings.resolved_sandbox_dir()
     sandbox_root.mkdir(parents=True, exist_ok=True)
-    backend = get_backend("local", root=sandbox_root, proxy_socket=sandbox_root / "proxy.sock")  # SandboxError if no bwrap
+    backend = get_backend("local", root=sandbox_root, proxy_socket=own_socket(sandbox_root))  # SandboxError if no bwrap
     opts = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "max_turns": cfg.max_turns} \
         if cfg.harness == "react" else {}
     harness = get_harness(cfg.harness, **opts)
@@ -203,9 +205,9 @@ def _serve_proxy(upstream: str, store, settings, sandbox_root: Path, stack):
     """The recording proxy in this process, in front of ``upstream``; its admin client."""
     from rollout import AdminClient
 
-    from .embedded_proxy import EmbeddedProxy
+    from .embedded_proxy import EmbeddedProxy, own_socket
 
-    proxy = EmbeddedProxy(upstream, store=store, settings=settings, socket_path=sandbox_root / "proxy.sock")
+    proxy = EmbeddedProxy(upstream, store=store, settings=settings, socket_path=own_socket(sandbox_root))
     stack.callback(proxy.stop)
     admin = AdminClient(proxy.url, proxy.admin_token)
     stack.callback(admin.close)

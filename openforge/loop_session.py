@@ -26,13 +26,14 @@ class Session:
         from rollout import AdminClient, get_backend
 
         from .demo_round import check_model_dir, check_port
-        from .embedded_proxy import EmbeddedProxy
+        from .embedded_proxy import EmbeddedProxy, own_socket
 
         cfg, settings = self.cfg, get_settings()
         self.settings = settings
         self.sandbox_root = settings.resolved_sandbox_dir()
         self.sandbox_root.mkdir(parents=True, exist_ok=True)
-        self.backend = get_backend("local", root=self.sandbox_root, proxy_socket=self.sandbox_root / "proxy.sock")
+        self.socket = own_socket(self.sandbox_root)
+        self.backend = get_backend("local", root=self.sandbox_root, proxy_socket=self.socket)
         harness = self._harness(0.0)
         if not harness.is_installed():
             raise RuntimeError(f"harness {harness.name!r} is not installed: {harness.install_hint()}")
@@ -53,7 +54,7 @@ class Session:
         self.console.print(f"[green]vLLM[/] serving {self.server.model_name} at {self.server.base_url} "
                            f"(up in {self.server.start_seconds:.0f} s)")
         self.proxy = EmbeddedProxy(self.server.base_url, store=self.store, settings=settings,
-                                   socket_path=self.sandbox_root / "proxy.sock")
+                                   socket_path=self.socket)
         self.stack.callback(self.proxy.stop)
         self.admin = AdminClient(self.proxy.url, self.proxy.admin_token)
         self.stack.callback(self.admin.close)
@@ -110,7 +111,7 @@ class Session:
         """The teacher's rollouts on ``tasks``, through a second proxy (same store) in front of the teacher."""
         from rollout import AdminClient, get_backend, served_models
 
-        from .embedded_proxy import EmbeddedProxy
+        from .embedded_proxy import EmbeddedProxy, own_socket
 
         if self.cfg.teacher is None:
             url, model, engine = self._scripted_teacher(tasks), "scripted-teacher", "scripted"
@@ -118,7 +119,7 @@ class Session:
         else:
             url, engine, dialect = self.cfg.teacher, "api", "openai"
             model = served_models(url)[0]
-        sock = self.sandbox_root / "teacher.sock"
+        sock = own_socket(self.sandbox_root, "teacher")
         proxy = EmbeddedProxy(url, store=self.store, settings=self.settings, socket_path=sock, dialect=dialect)
         self.stack.callback(proxy.stop)
         admin = AdminClient(proxy.url, proxy.admin_token)

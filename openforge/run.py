@@ -108,7 +108,7 @@ def _run(opts: dict, err):
         load_tasks,
     )
 
-    from .embedded_proxy import EmbeddedProxy, served_model
+    from .embedded_proxy import EmbeddedProxy, own_socket, served_model
 
     if not opts.get("tasks"):
         raise ValueError("no tasks: pass a task folder (or `tasks = \"DIR\"` in --config), e.g. examples/tasks")
@@ -126,7 +126,7 @@ def _run(opts: dict, err):
         raise ValueError(f"harness {harness.name!r} is not installed: {harness.install_hint()}")
     sandbox_root = settings.resolved_sandbox_dir()
     sandbox_root.mkdir(parents=True, exist_ok=True)
-    socket_path = sandbox_root / "proxy.sock"
+    socket_path = own_socket(sandbox_root)
     store = embedded = relay = backend = None
     try:
         if opts.get("upstream"):
