@@ -84,19 +84,23 @@ class Session:
                                    admin=admin or self.admin, progress=progress).run(tasks)
         if summary.cancelled:
             raise KeyboardInterrupt
-        self._engine_alive(name, summary)
+        self._check_run(name, summary)
         if not self.store.flush(120):
             raise RuntimeError("the store did not take every write within 120 s; see `openforge store info`")
         self.runs = getattr(self, "runs", [])
         self.runs.append(summary.run_id)
         return summary
 
-    def _engine_alive(self, name: str, summary) -> None:
+    def _check_run(self, name: str, summary) -> None:
         """A dead engine turns every later rollout into an infra error and every round into "no update": stop the
         loop with the engine log's last error instead of running on."""
         server = getattr(self, "server", None)
         proc = getattr(server, "proc", None)
         if proc is None or proc.poll() is None:
+            if summary.results and all(r.outcome == "infra_error" for r in summary.results):
+                raise RuntimeError(f"every one of the {len(summary.results)} rollouts of {name!r} was an infra error "
+                                   f"(the platform's failure, not the policy's), the first: "
+                                   f"{(summary.results[0].detail or '(no detail)').strip()[:400]}")
             return
         log = Path(server.log) if server.log else None
         lines = log.read_text(errors="replace").splitlines() if log and log.exists() else []

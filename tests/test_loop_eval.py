@@ -78,10 +78,21 @@ def test_a_dead_engine_stops_the_loop_with_the_logs_cause(tmp_path):
     summary = SimpleNamespace(results=[SimpleNamespace(outcome="infra_error")] * 3 + [SimpleNamespace(outcome="success")])
     with pytest.raises(RuntimeError, match=r"exited \(code 3\) during 'eval v': 3 of 4 rollouts were infra errors. "
                                            r"Its log .* says: what\(\):  kernel, x.cpp:39, index out of bounds"):
-        session._engine_alive("eval v", summary)
+        session._check_run("eval v", summary)
     session.server = SimpleNamespace(proc=subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"]),
                                      log=log)
     try:
-        session._engine_alive("eval v", summary)   # still running: nothing to say
+        session._check_run("eval v", summary)   # still running: nothing to say
     finally:
         session.server.proc.kill()
+
+
+def test_a_run_of_nothing_but_infra_errors_stops_the_loop(tmp_path):
+    from openforge.loop_session import Session
+
+    session = Session(SimpleNamespace(teacher=None), None, None, None)
+    bad = SimpleNamespace(outcome="infra_error", detail="bwrap: Can't find source path /x/proxy.sock\n")
+    with pytest.raises(RuntimeError, match=r"every one of the 2 rollouts of 'eval v' was an infra error .* the first: "
+                                           r"bwrap: Can't find source path /x/proxy.sock$"):
+        session._check_run("eval v", SimpleNamespace(results=[bad, bad]))
+    session._check_run("eval v", SimpleNamespace(results=[bad, SimpleNamespace(outcome="failure", detail="")]))
