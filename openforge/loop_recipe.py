@@ -23,8 +23,10 @@ class GrpoRecipe:
     group_size: int = 8
     temperature: float = 1.0
     lr: float = 5e-6
-    epochs: int = 1               # passes over a round's samples
-    batch_size: int | None = 16   # samples per optimizer step (None: the round's whole shard in one step)
+    # 2 passes in batches of 4: about 20 optimizer steps a round where 1 pass of 16 made 3 (2026-12-04, seed 0, the
+    # same SFT score: final - SFT sampled +0.073 [+0.016, +0.135] against +0.021 [-0.036, +0.083]; README)
+    epochs: int = 2               # passes over a round's samples
+    batch_size: int | None = 4    # samples per optimizer step (None: the round's whole shard in one step)
     loss_agg: str = "seq-mean-token-mean"  # veRL's loss_agg_mode: every sample weighs the same
     clip_low: float = 0.2
     clip_high: float = 0.28       # DAPO's clip-higher
