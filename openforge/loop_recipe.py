@@ -1,8 +1,8 @@
 """The GRPO recipe of the learning loop: what one round samples and how the policy is updated from it.
 
-Kept apart from the loop's phases so that the choices, and why, are read in one place. The defaults are the recipe
-``bench/learning_curve.py`` measured (its closing figures are in the README); every field is an option of
-``openforge demo`` and of the bench.
+Kept apart from the loop's phases so that the choices, and why, are read in one place. The defaults are the best
+recipe measured so far (the README's tables: `openforge demo` runs and ``bench/learning_curve.py``), each with the
+run it was chosen on; every field is an option of ``openforge demo`` and of the benches.
 """
 
 from __future__ import annotations
