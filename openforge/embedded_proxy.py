@@ -19,24 +19,13 @@ from pathlib import Path
 import httpx
 
 from proxy import HttpLimits, HttpServer, ProxySettings, build_proxy
-from rollout import AdminClient, ProxyUnavailable
+from rollout import AdminClient, ProxyUnavailable, claim_socket
 
 
 def own_socket(root: Path, name: str = "proxy") -> Path:
     """This process's socket path under the sandboxes' root: two loops, runs or tests on one machine share the root
     (``/var/tmp/openforge/sandboxes`` as root) and must not bind, nor remove, each other's socket."""
     return Path(root) / f"{name}-{os.getpid()}.sock"
-
-
-def _live(path: Path) -> bool:
-    """Whether something accepts connections on the Unix socket at ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-        return True
 
 
 class EmbeddedProxy:
@@ -54,12 +43,11 @@ class EmbeddedProxy:
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind(("127.0.0.1", 0))
         self.socket_path = Path(socket_path)
-        if self.socket_path.exists() and _live(self.socket_path):
+        try:
+            claim_socket(self.socket_path)
+        except ProxyUnavailable:
             tcp.close()
-            raise ProxyUnavailable(f"{self.socket_path}: another proxy is listening on this socket (a second loop or "
-                                   "run on this machine?); give this one its own path (openforge.embedded_proxy."
-                                   "own_socket) or stop the other")
-        self.socket_path.unlink(missing_ok=True)   # a stale socket left by a process that died
+            raise
         uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         uds.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o666)

@@ -19,7 +19,7 @@ from ._backends import (
 from ._backends.kubernetes import KubernetesConfig
 from ._harnesses import HarnessAdapter, HarnessNotInstalled, get_harness, harness_names
 from ._orchestrator import Orchestrator, RunConfig, RunSummary
-from ._proxy_admin import AdminClient, ProxyUnavailable, SocketRelay, served_models
+from ._proxy_admin import AdminClient, ProxyUnavailable, SocketRelay, claim_socket, served_models
 from ._task import Task, TaskError, load_task, load_tasks
 from ._task_version import TaskVersion, diff_versions, task_version
 from ._taskgen import TaskGenError, generate_tasks, task_families
@@ -29,6 +29,6 @@ from ._cli import tasks_app
 __all__ = ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
            "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
            "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "TaskGenError",
-           "TaskVersion", "Validation", "backend_names", "diff_versions", "generate_tasks", "get_backend",
+           "TaskVersion", "Validation", "backend_names", "claim_socket", "diff_versions", "generate_tasks", "get_backend",
            "get_harness", "harness_names", "load_task", "load_tasks", "served_models", "task_families",
            "task_version", "tasks_app", "validate_task"]

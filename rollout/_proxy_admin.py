@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -111,12 +112,29 @@ def served_models(upstream: str) -> list[str]:
     return models
 
 
+def claim_socket(path: Path) -> None:
+    """Make ``path`` free to bind: a stale socket (its process died) is removed; one that something still listens on
+    is refused (``ProxyUnavailable``), since removing it would cut that proxy's sandboxes off."""
+    path = Path(path)
+    if path.exists():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                pass
+            else:
+                raise ProxyUnavailable(f"{path}: another proxy is listening on this socket (a second loop or run on "
+                                       "this machine?); give this one a path of its own or stop the other")
+    path.unlink(missing_ok=True)
+
+
 class SocketRelay:
     """Listen on a Unix socket and forward each connection to ``host:port`` (an external proxy)."""
 
     def __init__(self, socket_path: Path, host: str, port: int):
         self.socket_path, self.host, self.port = Path(socket_path), host, port
-        self.socket_path.unlink(missing_ok=True)
+        claim_socket(self.socket_path)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="socket-relay")

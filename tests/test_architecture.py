@@ -46,7 +46,7 @@ PUBLIC = {
     "rollout": ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
                 "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
                 "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "TaskGenError",
-                "TaskVersion", "Validation", "backend_names", "diff_versions", "generate_tasks", "get_backend",
+                "TaskVersion", "Validation", "backend_names", "claim_socket", "diff_versions", "generate_tasks", "get_backend",
                 "get_harness", "harness_names", "load_task", "load_tasks", "served_models", "task_families",
                 "task_version", "tasks_app", "validate_task"],
     "learner": ["RescoreError", "RescoreResult", "WHY_SELF_FAILS", "mismatch_by_version", "mismatch_pairs",

@@ -12,7 +12,7 @@ import pytest
 
 from forge_store import Settings, open_store
 from openforge.embedded_proxy import EmbeddedProxy, own_socket
-from rollout import ProxyUnavailable
+from rollout import ProxyUnavailable, SocketRelay
 
 
 def test_a_live_socket_is_refused_and_a_stale_one_replaced(tmp_path):
@@ -32,3 +32,14 @@ def test_a_live_socket_is_refused_and_a_stale_one_replaced(tmp_path):
         finally:
             first.stop()
     assert not path.exists()
+
+
+def test_the_relay_to_an_external_proxy_claims_its_socket_the_same_way(tmp_path):
+    """``openforge run --proxy URL`` relays sandboxes to an external proxy over the same kind of socket."""
+    path = own_socket(tmp_path)
+    first = SocketRelay(path, "127.0.0.1", 9)
+    try:
+        with pytest.raises(ProxyUnavailable, match="another proxy is listening on this socket"):
+            SocketRelay(path, "127.0.0.1", 9)
+    finally:
+        first.stop()
