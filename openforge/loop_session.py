@@ -92,24 +92,18 @@ class Session:
         return summary
 
     def _check_run(self, name: str, summary) -> None:
-        """A dead engine turns every later rollout into an infra error and every round into "no update": stop the
-        loop with the engine log's last error instead of running on."""
+        """Stop the loop when its engine has exited or a whole run was infra errors (every later rollout would be
+        one too, and every round "no update"), with the cause."""
         server = getattr(self, "server", None)
-        proc = getattr(server, "proc", None)
-        if proc is None or proc.poll() is None:
-            if summary.results and all(r.outcome == "infra_error" for r in summary.results):
-                raise RuntimeError(f"every one of the {len(summary.results)} rollouts of {name!r} was an infra error "
-                                   f"(the platform's failure, not the policy's), the first: "
-                                   f"{(summary.results[0].detail or '(no detail)').strip()[:400]}")
-            return
-        log = Path(server.log) if server.log else None
-        lines = log.read_text(errors="replace").splitlines() if log and log.exists() else []
-        cause = next((ln for ln in reversed(lines) if "what():" in ln), None) or next(   # a C++ abort says why
-            (ln for ln in reversed(lines) if "Error" in ln), "(no error in the log)")
+        cause = server.exit_cause() if server is not None else None
         infra = sum(r.outcome == "infra_error" for r in summary.results)
-        raise RuntimeError(f"the vLLM engine exited (code {proc.returncode}) during {name!r}: {infra} of "
-                           f"{len(summary.results)} rollouts were infra errors. Its log {log} says: {cause.strip()}. "
-                           "Run the loop again; if it recurs, report the log")
+        if cause:
+            raise RuntimeError(f"the vLLM engine {cause} (during {name!r}: {infra} of {len(summary.results)} rollouts "
+                               "were infra errors). Run the loop again; if it recurs, report the log")
+        if summary.results and infra == len(summary.results):
+            raise RuntimeError(f"every one of the {infra} rollouts of {name!r} was an infra error (the platform's "
+                               f"failure, not the policy's), the first: "
+                               f"{(summary.results[0].detail or '(no detail)').strip()[:400]}")
 
     def demonstrations(self, tasks):
         """The teacher's rollouts on ``tasks``, through a second proxy (same store) in front of the teacher."""

@@ -66,25 +66,27 @@ def test_a_dead_engine_stops_the_loop_with_the_logs_cause(tmp_path):
     import sys
 
     from openforge.loop_session import Session
+    from proxy.engines.vllm_cpu import VllmServer
 
     log = tmp_path / "server.log"
     log.write_text("INFO up\nterminate called after throwing an instance of 'std::runtime_error'\n"
                    "  what():  kernel, x.cpp:39, index out of bounds: 0 <= tmp8 < 8192L\n"
                    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
-    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    proc.wait()
+    server = VllmServer(port=1)
+    server.log, server.proc = log, subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    server.proc.wait()
     session = Session(SimpleNamespace(teacher=None), None, None, None)
-    session.server = SimpleNamespace(proc=proc, log=log)
+    session.server = server
     summary = SimpleNamespace(results=[SimpleNamespace(outcome="infra_error")] * 3 + [SimpleNamespace(outcome="success")])
-    with pytest.raises(RuntimeError, match=r"exited \(code 3\) during 'eval v': 3 of 4 rollouts were infra errors. "
-                                           r"Its log .* says: what\(\):  kernel, x.cpp:39, index out of bounds"):
+    with pytest.raises(RuntimeError, match=r"engine exited with 3; its log .* says: what\(\):  kernel, x.cpp:39, index "
+                                           r"out of bounds.* \(during 'eval v': 3 of 4 rollouts were infra errors\)"):
         session._check_run("eval v", summary)
-    session.server = SimpleNamespace(proc=subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"]),
-                                     log=log)
+    server.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
-        session._check_run("eval v", summary)   # still running: nothing to say
+        assert server.exit_cause() is None
+        session._check_run("eval v", summary)   # still running, and not every rollout failed: nothing to say
     finally:
-        session.server.proc.kill()
+        server.proc.kill()
 
 
 def test_a_run_of_nothing_but_infra_errors_stops_the_loop(tmp_path):

@@ -220,6 +220,16 @@ class VllmServer:
             log = f"; last lines of {self.log}:\n{log_tail(self.log, 20)}" if self.log else ""
             raise RuntimeError(f"vLLM answered {e.code} to POST {path}: {detail}{log}") from None
 
+    def exit_cause(self) -> str | None:
+        """None while the server runs (or was attached, not started); once it has exited, its exit code and the log's
+        cause: a C++ abort's ``what():`` line, else the last line naming an error."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        lines = self.log.read_text(errors="replace").splitlines() if self.log and self.log.exists() else []
+        cause = next((ln for ln in reversed(lines) if "what():" in ln), None) or next(
+            (ln for ln in reversed(lines) if "Error" in ln), "(no error in the log)")
+        return f"exited with {self.proc.returncode}; its log {self.log} says: {cause.strip()}"
+
     def stop(self) -> None:
         """SIGTERM the server's process group; after 20 s, SIGKILL the group (engine workers included)."""
         if self.proc is None:
