@@ -45,14 +45,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-ROLES = ("base", "sft", "final", "sft_extended")
+from openforge.loop_report import PAIRS, ROLES  # noqa: E402  (ROOT first on the path)
 # SFT's length unless the options say otherwise: where held-out success stops rising on these demonstrations.
 # bench/sft_plateau.py on the validation generation (seed 100, lr 1e-4, 2026-12-03): 8, 11, 15, 13, 23, 19, 24, 21,
 # 23 of 48 after epochs 1-9; epoch 5 is the first that no later epoch beats by more than one task. The demo's own
 # default (3 epochs) is short of it and would hand GRPO a weakened baseline.
 SFT_PLATEAU_EPOCHS = 5
-PAIRS = {"final_minus_sft": ("sft", "final"), "final_minus_sft_extended": ("sft_extended", "final"),
-         "final_minus_base": ("base", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
 
 
 def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:

@@ -150,7 +150,8 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
     settings = get_settings()
     sandbox_root = settings.resolved_sandbox_dir()
     sandbox_root.mkdir(parents=True, exist_ok=True)
-    backend = get_backend("local", root=sandbox_root, proxy_socket=own_socket(sandbox_root))  # SandboxError if no bwrap
+    sock = own_socket(sandbox_root)
+    backend = get_backend("local", root=sandbox_root, proxy_socket=sock)  # SandboxError if no bwrap
     opts = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "max_turns": cfg.max_turns} \
         if cfg.harness == "react" else {}
     harness = get_harness(cfg.harness, **opts)
@@ -166,7 +167,7 @@ def run_demo(cfg: DemoConfig, console) -> DemoReport:
         stack.callback(store.close)
         upstream, model, base = _serve_engine(cfg, store, stack, console, rep) if not cfg.upstream else \
             (cfg.upstream, model, None)
-        admin, proxy = _serve_proxy(upstream, store, settings, sandbox_root, stack)
+        admin, proxy = _serve_proxy(upstream, store, settings, sock, stack)
         rep.policy_version = _activate_policy(cfg, admin, model, base)
         console.print(f"[green]proxy[/] {proxy.url} recording into {store.url}; policy version "
                       f"[bold]{rep.policy_version}[/]")
@@ -201,13 +202,13 @@ def _serve_engine(cfg: DemoConfig, store, stack, console, rep: DemoReport) -> tu
     return server.base_url, server.model_name, (base_dir, sha)
 
 
-def _serve_proxy(upstream: str, store, settings, sandbox_root: Path, stack):
+def _serve_proxy(upstream: str, store, settings, sock: Path, stack):
     """The recording proxy in this process, in front of ``upstream``; its admin client."""
     from rollout import AdminClient
 
-    from .embedded_proxy import EmbeddedProxy, own_socket
+    from .embedded_proxy import EmbeddedProxy
 
-    proxy = EmbeddedProxy(upstream, store=store, settings=settings, socket_path=own_socket(sandbox_root))
+    proxy = EmbeddedProxy(upstream, store=store, settings=settings, socket_path=sock)
     stack.callback(proxy.stop)
     admin = AdminClient(proxy.url, proxy.admin_token)
     stack.callback(admin.close)

@@ -44,22 +44,33 @@ def _pair(aggs: dict, a: str, b: str, n_boot: int) -> dict:
     return {"diff": success.diff, "ci95": list(success.ci95) if success.ci95 else None, "p_value": success.p_value}
 
 
-def summary_json(report, started: float, store=None, recipe: dict | None = None, n_boot: int = 2000) -> dict:
-    """The loop's last line: what ``bench/learning_curve.py`` reads and the issue's targets name."""
+PAIRS = {"final_minus_sft": ("sft", "final"), "final_minus_base": ("base", "final"),
+         "final_minus_sft_extended": ("sft_extended", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
+
+
+def comparisons(report, aggs: dict, n_boot: int) -> dict:
+    """Every pair's paired difference (``final_minus_sft``, ``_ci95``, ``_p``, ...), every rubric SFT -> final and
+    each role's success per task, over one evaluation's task aggregates (greedy or sampled)."""
     from learner import compare_tasks
 
-    aggs = task_aggregates(store, report) if store is not None else {}
-    rates = {role: report.row(v).heldout.value for role, v in roles(report).items()}
-    pairs = {"final_minus_sft": ("sft", "final"), "final_minus_base": ("base", "final"),
-             "final_minus_sft_extended": ("sft_extended", "final"), "sft_extended_minus_sft": ("sft", "sft_extended")}
-    doc = {f"success_{role}": rates.get(role) for role in ROLES}
-    doc["final_version"] = roles(report).get("final")
-    for name, (a, b) in pairs.items():
+    doc: dict = {}
+    for name, (a, b) in PAIRS.items():
         d = _pair(aggs, a, b, n_boot)
         doc[name], doc[f"{name}_ci95"], doc[f"{name}_p"] = d["diff"], d["ci95"], d["p_value"]
     moved = roles(report).get("final") != roles(report).get("sft")
     doc["rubrics_sft_to_final"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot)]
                                    if moved and "sft" in aggs and "final" in aggs else [])
+    doc["per_task"] = {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()}
+    return doc
+
+
+def summary_json(report, started: float, store=None, recipe: dict | None = None, n_boot: int = 2000) -> dict:
+    """The loop's last line: what ``bench/learning_curve.py`` reads and the issue's targets name."""
+    aggs = task_aggregates(store, report) if store is not None else {}
+    rates = {role: report.row(v).heldout.value for role, v in roles(report).items()}
+    doc = {f"success_{role}": rates.get(role) for role in ROLES}
+    doc["final_version"] = roles(report).get("final")
+    doc.update(comparisons(report, aggs, n_boot))
     doc.update({
         "heldout_tasks": report.row(roles(report)["base"]).heldout.n if "base" in roles(report) else None,
         "rounds": report.rounds_trained, "minutes": round((time.monotonic() - started) / 60, 2),
@@ -68,19 +79,16 @@ def summary_json(report, started: float, store=None, recipe: dict | None = None,
         "importance_ratio_mean": round(statistics.fmean(report.ratios), 5) if report.ratios else None,
         "phases_s": {k: round(v, 1) for k, v in report.phases.items()},
         "versions": [r.as_dict() for r in report.rows], "roles": roles(report), "eval_runs": report.eval_runs,
-        "per_task": {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()},
         "recipe": recipe, "notes": report.notes, "sft_curve": report.sft_curve,
     })
-    doc["sampled"] = sampled_json(report, store, recipe, pairs, n_boot) if store is not None else None
+    doc["sampled"] = sampled_json(report, store, recipe, n_boot) if store is not None else None
     return doc
 
 
-def sampled_json(report, store, recipe: dict | None, pairs: dict, n_boot: int) -> dict | None:
+def sampled_json(report, store, recipe: dict | None, n_boot: int) -> dict | None:
     """The same comparisons over the sampled held-out evaluation (``--eval-samples``): every version's success as
     the mean over its K rollouts a task at the GRPO temperature, differences paired by task (the bootstrap resamples
     tasks, each with its K rollouts); None when the loop ran none."""
-    from learner import compare_tasks
-
     if not report.sampled_runs:
         return None
     aggs = task_aggregates(store, report, report.sampled_runs)
@@ -88,13 +96,7 @@ def sampled_json(report, store, recipe: dict | None, pairs: dict, n_boot: int) -
            "temperature": (recipe or {}).get("temperature"), "runs": report.sampled_runs}
     for role, agg in aggs.items():
         doc[f"success_{role}"] = sum(a.passed for a in agg.values()) / max(1, sum(a.n for a in agg.values()))
-    for name, (a, b) in pairs.items():
-        d = _pair(aggs, a, b, n_boot)
-        doc[name], doc[f"{name}_ci95"] = d["diff"], d["ci95"]
-    moved = roles(report).get("final") != roles(report).get("sft")
-    doc["rubrics_sft_to_final"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot)]
-                                   if moved and "sft" in aggs and "final" in aggs else [])
-    doc["per_task"] = {role: {t: agg.passed / agg.n for t, agg in sorted(a.items())} for role, a in aggs.items()}
+    doc.update(comparisons(report, aggs, n_boot))
     return doc
 
 
