@@ -27,7 +27,7 @@ success whose interval excludes 0.
 
 SFT runs ``SFT_PLATEAU_EPOCHS`` epochs unless the demo options name ``--sft-epochs`` or ``--sft-stage-epochs``.
 
-Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0] [--keep DIR] [-- DEMO OPTIONS ...]
+Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0] [--keep DIR [--keep-checkpoints]] [-- DEMO OPTIONS ...]
 With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
 back instead of re-running them (so seeds can be run one at a time and pooled at the end).
 """
@@ -185,9 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, help="keep each seed's store and result under this folder; run again with "
                     "the same folder and more --seeds, a finished seed is read back, not re-run")
+    ap.add_argument("--keep-checkpoints", action="store_true", help="with --keep: keep the SFT and final versions' "
+                    "checkpoints (about 0.5 GB each) so the store can be re-scored (bench/rescore.py) or served later")
     ap.add_argument("--n-boot", type=int, default=4000)
     ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: options for openforge demo")
     args = ap.parse_args(argv)
+    if args.keep_checkpoints and args.keep is None:
+        ap.error("--keep-checkpoints keeps them in the --keep DIR: pass --keep DIR too")
     demo_args = [a for a in args.demo_args if a != "--"]
     if not any(a.split("=")[0] in ("--sft-epochs", "--sft-stage-epochs") for a in demo_args):
         demo_args = ["--sft-epochs", str(SFT_PLATEAU_EPOCHS), *demo_args]
@@ -203,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 sampled_seeds.append((seed, doc, aggregates(seed, home, doc, doc["sampled"]["runs"])))
             print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
             # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
-            shutil.rmtree(home / "checkpoints", ignore_errors=True)
+            keep = {doc["roles"].get(r) for r in ("sft", "final")} if args.keep and args.keep_checkpoints else set()
+            for folder in (home / "checkpoints").glob("*") if keep else [home / "checkpoints"]:
+                if folder.name not in keep:
+                    shutil.rmtree(folder, ignore_errors=True)
             shutil.rmtree(home / "demo", ignore_errors=True)
         pool = pooled(per_seed, args.n_boot)
         if sampled_seeds and len(sampled_seeds) == len(per_seed):
