@@ -4,14 +4,17 @@ Records one rollout of ``--calls`` calls through ``Store.record_call`` into a SQ
 ``openforge dashboard`` on it and opens ``?page=Timeline&rollout=long-1000&step=1`` in Debian's Chromium driven by
 Playwright (never Playwright's own browser download), each time in a fresh page. An open counts from ``goto`` until
 the page holds the window's last step, the step index and the timing chart and Streamlit's script has stopped
-running. The first open is reported apart (the server's first run imports pandas and altair, the browser fetches
-Streamlit's JavaScript); the others are what a user following a link sees. Also timed: opening the linked step 500
+running. The first open is reported apart (the server's first run imports pandas and altair); each of the others
+(``open_s``) is a page in a new browser context, whose cache is empty: the browser fetches and compiles Streamlit's
+JavaScript again, as on a first visit. ``warm_open_s``: the same link opened again and again in one context, after
+one open there, as a user's browser that has shown the dashboard before opens a link (its HTTP cache and compiled
+scripts kept). Also timed: opening the linked step 500
 (a window in the middle) and the Tokens page of the same rollout's first segment. The last line printed is one JSON
 object:
 
     python bench/timeline_render.py [--calls 1000] [--repeat 5] [--url sqlite:///store.sqlite]
 
-``{"calls": 1000, "first_open_s": ..., "open_s": <median>, "opens_s": [...], "browser_task_s": ...,
+``{"calls": 1000, "first_open_s": ..., "open_s": <median>, "opens_s": [...], "warm_open_s": ..., "browser_task_s": ...,
 "browser_script_s": ..., "browser_cpu_s": ..., "server_cpu_s": ..., "load_average": [...], "step_500_open_s": ...,
 "tokens_open_s": ...}``: ``browser_task_s`` and ``browser_script_s`` are the medians of Chromium's main-thread task
 and JavaScript time during an open (from the DevTools ``Performance`` domain), which say how much of the open is the
@@ -116,12 +119,16 @@ def cpu_s(server: int) -> dict[str, float]:
     return {"browser": browser, "server": sum(procs[p][1] for p in dashboard)}
 
 
+VIEWPORT = {"width": 1400, "height": 1600}
+
+
 def open_s(browser, url: str, wanted: list[str], chart: bool = True, timeout: float = 120,
-           metrics: list | None = None, server: int = 0) -> float:
-    """Seconds from navigation until every ``wanted`` text (and the chart) shows and the script has stopped; with
-    ``metrics``, appends Chromium's main-thread figures for the open (``Performance.getMetrics``: TaskDuration,
-    ScriptDuration, LayoutDuration, in seconds) and the CPU seconds the browser and the ``server`` process spent."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+           metrics: list | None = None, server: int = 0, context=None) -> float:
+    """Seconds from navigation until every ``wanted`` text (and the chart) shows and the script has stopped, in a
+    new page of ``context`` (default: of a new context, whose HTTP cache is empty); with ``metrics``, appends
+    Chromium's main-thread figures for the open (``Performance.getMetrics``: TaskDuration, ScriptDuration,
+    LayoutDuration, in seconds) and the CPU seconds the browser and the ``server`` process spent."""
+    page = context.new_page() if context is not None else browser.new_page(viewport=VIEWPORT)
     try:
         cdp = page.context.new_cdp_session(page)
         cdp.send("Performance.enable")
@@ -173,6 +180,10 @@ def main() -> None:
             first = open_s(browser, link, wanted)
             metrics: list[dict] = []
             opens = [open_s(browser, link, wanted, metrics=metrics, server=proc.pid) for _ in range(args.repeat)]
+            warm_ctx = browser.new_context(viewport=VIEWPORT)   # one profile: the browser's cache kept between opens
+            open_s(browser, link, wanted, context=warm_ctx)
+            warm = [open_s(browser, link, wanted, context=warm_ctx) for _ in range(args.repeat)]
+            warm_ctx.close()
             lo = max(1, min(500 - 5, n - 19))
             mid = open_s(browser, f"{base}/?page=Timeline&rollout={RID}&step=500",
                          [f"Steps {lo}-{lo + 19} of {n}", "Step 500 · bash"]) if n >= 500 else None
@@ -186,6 +197,7 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps({"calls": n, "first_open_s": round(first, 2), "open_s": round(statistics.median(opens), 2),
                       "opens_s": [round(x, 2) for x in opens],
+                      "warm_open_s": round(statistics.median(warm), 2), "warm_opens_s": [round(x, 2) for x in warm],
                       "browser_task_s": statistics.median(m["TaskDuration"] for m in metrics),
                       "browser_script_s": statistics.median(m["ScriptDuration"] for m in metrics),
                       "browser_cpu_s": statistics.median(m["browser_cpu"] for m in metrics),
