@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Hugging Face model of each checkpoint in float32 (default, the engine's dtype) or under "
                     "bfloat16 autocast, or the CPU vLLM engine serving it")
     ap.add_argument("--concurrency", type=int, default=4, help="vllm-served: requests in flight at once")
+    ap.add_argument("--workers", type=int, help="hf-*: scoring processes at once (default: one per core)")
     args = ap.parse_args(argv)
     if bool(args.store) != bool(args.versions):
         ap.error("--store and --versions go together: an existing store and the two versions to re-score it under")
@@ -93,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
         with open_store(url, settings=Settings(home=work / "home")) as st:
             t0 = time.monotonic()
             results = (_served(st, versions, args) if args.scorer == "vllm-served" else
-                       [rescore(st, v, python=python, scorer=args.scorer, where=args.where, progress=_say)
-                        for v in versions])
+                       [rescore(st, v, python=python, scorer=args.scorer, where=args.where, workers=args.workers,
+                                progress=_say) for v in versions])
             seconds = time.monotonic() - t0
             pairs = [p for v in versions for p in mismatch_pairs(st, version=v)]
     own = self_consistency(pairs)   # pooled over both versions' self re-scores
     cross = [p for p in pairs if p.version == versions[1] and p.behaviour == versions[0]]
     tokens = sum(r.tokens for r in results)
     out = {"store": "self-made" if not args.store else "existing", "versions": versions, "scorer": args.scorer,
+           "workers": results[0].lineage.get("workers"),
            "calls": max(r.selected_calls for r in results), "scored_calls": sum(r.scored_calls for r in results),
            "already": sum(r.already for r in results), "tokens": tokens,
            "tokens_per_s": round(tokens / seconds, 1) if seconds else None, "minutes": round(seconds / 60, 3),

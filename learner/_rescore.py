@@ -17,10 +17,6 @@ killed or stopped by an error resumes with the calls it had not stored.
 from __future__ import annotations
 
 import hashlib
-import json
-import subprocess
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,8 +30,8 @@ from . import _rescore_served as served_scorer
 from ._export_config import where_row
 from ._query import parse_where
 from ._rescore_sink import RescoreError, RescoreResult, Sink
+from ._rescore_workers import STEP_SCRIPT, default_workers, run_workers, write_step_input  # noqa: F401  (the step's input, for tests)
 
-STEP_SCRIPT = Path(__file__).with_name("rescore_step.py")
 HF_SCORERS = {"hf-float32": "float32", "hf-bfloat16": "bfloat16"}   # scorer name -> the step's --dtype
 SCORERS = [*HF_SCORERS, served_scorer.SERVED_SCORER]
 READ_ROLLOUTS = 200    # rollouts whose calls are read at once
@@ -134,15 +130,19 @@ def rescore(store: Store, version: str, *, python: Path | None = None, scorer: s
             where: str | None = None, export_id: str | None = None, rollout_id: str | None = None,
             checkpoint: Path | None = None, engines: Sequence[str] = (), proxy: str | None = None,
             admin_token: str | None = None, served_model: str | None = None,
-            concurrency: int = served_scorer.CONCURRENCY, limit: int | None = None, batch: int = FLUSH_CALLS,
+            concurrency: int = served_scorer.CONCURRENCY, workers: int | None = None, limit: int | None = None,
+            batch: int = FLUSH_CALLS,
             timeout_s: float = 6 * 3600, progress: Callable[[str], None] | None = None) -> RescoreResult:
     """Re-score the selected calls under ``version`` and store what was not stored yet. ``limit``: at most that
     many calls this run (the rest wait for the next: a re-score resumes); ``batch``: re-scores written per
     transaction (what a kill can lose). The ``hf-*`` scorers run ``python`` on the version's checkpoint folder
     (``checkpoint``, default its recorded ``checkpoint_id``); ``vllm-served`` asks ``engines`` (base URLs of vLLM
-    servers of the version) or the replicas behind ``proxy``, ``concurrency`` requests at once."""
+    servers of the version) or the replicas behind ``proxy``, ``concurrency`` requests at once; ``workers``: the
+    ``hf-*`` scorers' processes at once (default one per core, at most 8)."""
     if batch < 1:
         raise RescoreError(f"--batch {batch}: write at least 1 re-score per transaction")
+    if workers is not None and workers < 1:
+        raise RescoreError(f"--workers {workers}: run at least 1 scoring process (default: one per core)")
     if scorer not in SCORERS:
         raise RescoreError(f"--scorer {scorer!r} unknown: use one of {', '.join(SCORERS)}")
     served = scorer == served_scorer.SERVED_SCORER
@@ -188,7 +188,8 @@ def rescore(store: Store, version: str, *, python: Path | None = None, scorer: s
         if served:
             _run_served(engine, todo, Sink(store, res, todo, batch, say, engine.check), concurrency)
         else:
-            _run(python, path, HF_SCORERS[scorer], todo, res, Sink(store, res, todo, batch, say), timeout_s)
+            run_workers(python, path, HF_SCORERS[scorer], todo, res, Sink(store, res, todo, batch, say), timeout_s,
+                        default_workers() if workers is None else workers)
     finally:
         res.seconds = time.monotonic() - t0
     return res
@@ -203,51 +204,3 @@ def _run_served(engine: served_scorer.Served, todo: Sequence[TokenCall], sink: S
         raise RescoreError(f"{exc} ({sink.res.written} re-scores were stored; a run again resumes after them)") \
             from None
     sink.write()
-
-
-def write_step_input(calls: Sequence[TokenCall], path: Path) -> None:
-    """``rescore_step.py``'s ``--calls`` file: a rollout's calls together in ``seq`` order, the rollouts in the order
-    of their first prompt's ids, so that neighbours share the longest start (the system prompt and tools, a group's
-    task), which the step reads from the last pass's keys and values."""
-    first: dict[str, list[int]] = {}
-    for c in sorted(calls, key=lambda c: c.seq):
-        first.setdefault(c.rollout_id, c.prompt_token_ids)
-    with open(path, "w") as f:
-        for c in sorted(calls, key=lambda c: (first[c.rollout_id], c.rollout_id, c.seq)):
-            f.write(json.dumps({"call_id": c.id, "rollout_id": c.rollout_id, "prompt_ids": c.prompt_token_ids,
-                                "completion_ids": c.completion_token_ids}) + "\n")
-
-
-def _run(python: Path, model: Path, dtype: str, todo: Sequence[TokenCall], res: RescoreResult, sink: Sink,
-         timeout_s: float) -> None:
-    by_id = {c.id: c for c in todo}
-    with tempfile.TemporaryDirectory(prefix="openforge-rescore-") as tmp:
-        path = Path(tmp) / "calls.jsonl"
-        write_step_input(todo, path)
-        with open(Path(tmp) / "stderr", "w+") as err:
-            proc = subprocess.Popen([str(python), str(STEP_SCRIPT), "--model", str(model), "--calls", str(path),
-                                     "--dtype", dtype], stdout=subprocess.PIPE, stderr=err, text=True)
-            timer = threading.Timer(timeout_s, proc.kill)
-            timer.start()
-            try:
-                for line in proc.stdout:
-                    msg = json.loads(line)
-                    if "lineage" in msg:
-                        res.lineage.update(msg["lineage"])
-                        continue
-                    sink.add(by_id[msg["call_id"]], msg["logprobs"])
-                sink.write()
-                rc = proc.wait()
-            finally:
-                timer.cancel()
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            err.seek(0)
-            tail = err.read()[-3000:]
-    summary = [ln for ln in tail.splitlines() if ln.startswith("rescore-step: ")]
-    if rc == 0 and summary:   # the step's own count: tokens through the model, and those read from a shared start
-        sink.say(summary[-1])
-    if rc != 0:
-        raise RescoreError(f"the re-score step failed (exit {rc}{', killed after ' + str(timeout_s) + ' s' if rc < 0 else ''}"
-                           f"); {res.written} re-scores were stored and a run again resumes after them:\n{tail}")

@@ -2,7 +2,7 @@
 environment with torch and transformers (``openforge rescore`` uses the vLLM CPU one); ``learner.rescore`` writes
 the calls and stores what this prints.
 
-    python learner/rescore_step.py --model CKPT_DIR --calls CALLS.jsonl [--dtype float32|bfloat16]
+    python learner/rescore_step.py --model CKPT_DIR --calls CALLS.jsonl [--dtype float32|bfloat16] [--threads N]
 
 Each input line is one call: ``{"call_id", "rollout_id", "prompt_ids", "completion_ids"}``, the token ids as the
 store holds them (never re-tokenized), a rollout's calls together. The first output line is the scorer's lineage
@@ -141,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shared-start", dest="shared_start", action="store_false",
                     help="pass every sequence through the model from its first token (no keys and values reused "
                     "across rollouts)")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice); several workers at "
+                    "once each take a share of the cores")
     args = ap.parse_args(argv)
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     print(json.dumps({"lineage": {"engine": "transformers", "engine_version": transformers.__version__,

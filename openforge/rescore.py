@@ -33,6 +33,8 @@ def rescore_command(
     served_model: Optional[str] = typer.Option(None, "--served-model", help="vllm-served: the model name the server "
                                                "serves the version under (default: the version's model_name)."),
     concurrency: int = typer.Option(4, "--concurrency", help="vllm-served: requests in flight at once."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="hf-*: scoring processes at once, each on a share "
+                                          "of the rollouts (default: one per core, at most 8)."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="The version's weights folder (default: "
                                               "its recorded checkpoint_id)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Score at most this many calls now; the rest wait for "
@@ -65,7 +67,7 @@ def rescore_command(
     try:
         res = rescore(st, version, python=python, scorer=scorer, where=where, export_id=export, rollout_id=rollout,
                       checkpoint=checkpoint, engines=engine or (), proxy=proxy, admin_token=admin_token,
-                      served_model=served_model, concurrency=concurrency, limit=limit, batch=batch,
+                      served_model=served_model, concurrency=concurrency, workers=workers, limit=limit, batch=batch,
                       progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
         pairs = mismatch_pairs(st, version=version, scorer=scorer)
     except (RescoreError, StoreError, ValueError) as exc:

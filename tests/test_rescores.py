@@ -115,3 +115,41 @@ def test_rescore_command_refuses_bad_input_naming_it(store, store_url, args, mat
     assert r.exit_code == 2, r.output
     assert match in " ".join(r.output.split()), r.output
     assert rescores(store) == []
+
+
+def _token_call(call_id: str, rollout: str, seq: int, prompt: list[int], completion: list[int]):
+    from array import array
+
+    from forge_store import TokenCall
+
+    full = array("I", prompt + completion).tobytes()
+    return TokenCall(call_id, rollout, seq, None, "stop", True, None, 200, "v0", None, None, full, len(prompt),
+                     array("I", completion).tobytes(), None, seq)
+
+
+def test_the_scorer_splits_its_calls_into_contiguous_shares_of_whole_rollouts_of_about_equal_cost():
+    from learner._rescore_workers import split, step_order
+
+    calls = []
+    for r in range(6):   # rollout r: two calls, the second a continuation of the first; r 0-2 start alike
+        start = [1, 2, 3] if r < 3 else [9, r]
+        calls += [_token_call(f"r{r}c0", f"r{r}", 0, start + [r] * 10, [5] * (r + 1)),
+                  _token_call(f"r{r}c1", f"r{r}", 1, start + [r] * 10 + [5] * (r + 1) + [6] * 20, [7] * 4)]
+    order = [c.id for c in step_order(calls)]
+    for parts in (1, 2, 3, 6, 20):
+        shares = split(calls, parts)
+        assert [c.id for s in shares for c in s] == order   # the step's order, cut: nothing lost or repeated
+        assert len(shares) == min(parts, 6) and all(shares)
+        rollouts = [{c.rollout_id for c in s} for s in shares]
+        assert sum(map(len, rollouts)) == 6   # no rollout in two shares (its calls share one pass)
+    cost = [sum(max(len(c.full) // 4 for c in s if c.rollout_id == r) for r in {c.rollout_id for c in s})
+            for s in split(calls, 2)]
+    assert max(cost) <= 1.5 * min(cost), cost
+
+
+def test_a_rescore_with_no_worker_is_refused_before_anything_runs(store):
+    from learner import RescoreError, rescore
+
+    with pytest.raises(RescoreError, match="--workers 0: run at least 1"):
+        rescore(store, "v0", workers=0)
+    assert rescores(store) == []

@@ -119,6 +119,27 @@ def test_the_shared_start_reuses_a_common_start_and_changes_no_logprob(world, tm
     assert max(diffs) <= 1e-3, max(diffs)
 
 
+def test_two_scoring_workers_give_the_logprobs_one_gives(world, tmp_path):
+    import sqlite3
+
+    from learner._rescore_workers import cores
+
+    got = {}
+    for workers in (1, 2):   # each on its own copy of the store: a re-score writes a (call, version, scorer) once
+        copy = tmp_path / f"w{workers}.sqlite"
+        with sqlite3.connect(world["url"].removeprefix("sqlite:///")) as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
+            dst.execute("DELETE FROM rescores")   # the copy starts with none (other tests may have scored 'base')
+        with open_store(f"sqlite:///{copy}", settings=world["settings"]) as st:
+            res = rescore(st, "base", python=world["python"], workers=workers)
+            got[workers] = {r.call_id: r.logprobs for r in rescores(st, policy_version_id="base")}
+        assert res.scored_calls == world["calls"] and res.lineage["workers"] == workers
+        assert res.lineage["threads"] == max(1, cores() // workers)   # the cores shared out
+    assert set(got[1]) == set(got[2])
+    diffs = [abs(a - b) for c in got[1] for a, b in zip(got[1][c], got[2][c], strict=True)]
+    assert max(diffs) <= 1e-3, max(diffs)   # a split changes only which rollouts share a start
+
+
 def test_the_served_scorer_on_the_same_engine_is_self_consistent_and_agrees_with_hf(world, vllm_server):
     out = _cli(world, "rescore", "--version", "base", "--scorer", "vllm-served", "--engine", vllm_server, "--json")
     assert out.returncode == 0, out.stderr[-3000:]
