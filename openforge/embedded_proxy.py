@@ -35,6 +35,8 @@ class EmbeddedProxy:
     def __init__(self, upstream_url: str, *, store, settings, socket_path: Path, dialect: str = "vllm",
                  policy_version: str | None = None, upstream_api_key: str | None = None,
                  proxy_settings: ProxySettings | None = None):
+        self.socket_path = Path(socket_path)
+        claim_socket(self.socket_path)   # before anything is built: a refusal leaves nothing to close
         proxy_settings = proxy_settings if proxy_settings is not None else ProxySettings()
         self.proxy = build_proxy(upstream_url, settings=settings, store=store, dialect=dialect,
                                  policy_version=policy_version, upstream_api_key=upstream_api_key,
@@ -42,12 +44,6 @@ class EmbeddedProxy:
         tcp = socket.socket()
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind(("127.0.0.1", 0))
-        self.socket_path = Path(socket_path)
-        try:
-            claim_socket(self.socket_path)
-        except ProxyUnavailable:
-            tcp.close()
-            raise
         uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         uds.bind(str(self.socket_path))
         os.chmod(self.socket_path, 0o666)

@@ -29,6 +29,6 @@ from ._cli import tasks_app
 __all__ = ["AdminClient", "HarnessAdapter", "HarnessNotInstalled", "KubernetesConfig", "Mount", "Orchestrator",
            "Phase", "PhaseResult", "ProxyUnavailable", "Resources", "RunConfig", "RunSummary", "Sandbox",
            "SandboxBackend", "SandboxError", "SandboxSpec", "SocketRelay", "Task", "TaskError", "TaskGenError",
-           "TaskVersion", "Validation", "backend_names", "claim_socket", "diff_versions", "generate_tasks", "get_backend",
-           "get_harness", "harness_names", "load_task", "load_tasks", "served_models", "task_families",
+           "TaskVersion", "Validation", "backend_names", "claim_socket", "diff_versions", "generate_tasks",
+           "get_backend", "get_harness", "harness_names", "load_task", "load_tasks", "served_models", "task_families",
            "task_version", "tasks_app", "validate_task"]
