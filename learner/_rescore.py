@@ -30,7 +30,7 @@ from . import _rescore_served as served_scorer
 from ._export_config import where_row
 from ._query import parse_where
 from ._rescore_sink import RescoreError, RescoreResult, Sink
-from ._rescore_workers import STEP_SCRIPT, default_workers, run_workers, write_step_input  # noqa: F401  (the step's input, for tests)
+from ._rescore_workers import default_workers, run_workers
 
 HF_SCORERS = {"hf-float32": "float32", "hf-bfloat16": "bfloat16"}   # scorer name -> the step's --dtype
 SCORERS = [*HF_SCORERS, served_scorer.SERVED_SCORER]

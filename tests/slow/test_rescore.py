@@ -95,7 +95,8 @@ def test_a_killed_rescore_resumes_and_the_self_rescore_is_token_exact(world):
 
 
 def test_the_shared_start_reuses_a_common_start_and_changes_no_logprob(world, tmp_path):
-    from learner._rescore import STEP_SCRIPT, select, write_step_input
+    from learner._rescore import select
+    from learner._rescore_workers import STEP_SCRIPT, write_step_input
 
     with open_store(world["url"], settings=world["settings"]) as st:
         calls = [c for cs in st.token_calls(select(st).rollout_ids).values() for c in cs]
