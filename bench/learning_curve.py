@@ -207,10 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                 sampled_seeds.append((seed, doc, aggregates(seed, home, doc, doc["sampled"]["runs"])))
             print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
             # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
-            keep = {doc["roles"].get(r) for r in ("sft", "final")} if args.keep and args.keep_checkpoints else set()
-            for folder in (home / "checkpoints").glob("*") if keep else [home / "checkpoints"]:
-                if folder.name not in keep:
-                    shutil.rmtree(folder, ignore_errors=True)
+            if args.keep_checkpoints:
+                keep = {doc["roles"].get(r) for r in ("sft", "final")}
+                for folder in (home / "checkpoints").glob("*"):
+                    if folder.name not in keep:
+                        shutil.rmtree(folder, ignore_errors=True)
+            else:
+                shutil.rmtree(home / "checkpoints", ignore_errors=True)
             shutil.rmtree(home / "demo", ignore_errors=True)
         pool = pooled(per_seed, args.n_boot)
         if sampled_seeds and len(sampled_seeds) == len(per_seed):
