@@ -15,7 +15,9 @@ Prints a table per seed and pooled, the targets, then as its LAST line one JSON 
   success_base, success_sft, success_final, success_sft_extended: held-out success rates
   final_minus_sft, final_minus_sft_extended, final_minus_base (+ _ci95, paired)
   heldout_tasks, minutes (per seed: wall time of the whole loop, vLLM start included), grpo_minutes
-  importance_ratio_mean (trainer / engine probability of the sampled tokens, first mini-batch of each update),
+  importance_ratio_mean (trainer / engine probability of the sampled tokens, first mini-batch of each update; its
+  expectation is 1 whatever the mismatch, so it cannot show one), importance_k3_mean (the k3 estimate of
+  KL(engine || trainer) over the same tokens: 0 when they compute the same distribution),
   sft_curve and sft_epochs (staged SFT, ``-- --sft-stage-epochs N``: validation success after each stage, and the
   epochs of the stage chosen as the SFT version),
   switch_s_p50, rubrics (SFT -> final: every rubric's two values, difference and paired interval)
@@ -112,6 +114,8 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
     out["minutes"] = [d["minutes"] for d in docs]
     ratios = [d["importance_ratio_mean"] for d in docs if d.get("importance_ratio_mean") is not None]
     out["importance_ratio_mean"] = round(sum(ratios) / len(ratios), 5) if ratios else None
+    k3s = [d["importance_k3_mean"] for d in docs if d.get("importance_k3_mean") is not None]
+    out["importance_k3_mean"] = float(f"{sum(k3s) / len(k3s):.3e}") if k3s else None
     switches = sorted(d["switch_s_p50"] for d in docs if d.get("switch_s_p50") is not None)
     out["switch_s_p50"] = switches[len(switches) // 2] if switches else None
     return out
@@ -119,7 +123,8 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
 
 def seed_row(seed: int, doc: dict) -> dict:
     keys = [f"success_{r}" for r in ROLES] + [k for name in PAIRS for k in (name, f"{name}_ci95", f"{name}_p")]
-    keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "switch_s_p50", "rounds",
+    keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "importance_k3_mean", "switch_s_p50",
+             "rounds",
              "phases_s", "recipe", "sft", "notes", "sft_curve"]
     row = {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
     if doc.get("sampled"):

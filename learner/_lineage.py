@@ -29,6 +29,7 @@ def _link(row: dict, exports: dict[str, dict]) -> dict:
         "samples": meta.get("sample_count", meta.get("samples")), "steps": meta.get("steps"),
         "loss_first": meta.get("loss_first"), "loss_last": meta.get("loss_last", meta.get("loss")),
         "importance_ratio_mean": meta.get("importance_ratio_mean", meta.get("mean_ratio")),
+        "importance_k3": meta.get("importance_k3"),
     }
 
 

@@ -12,7 +12,9 @@ masked token of a batch (token-mean); by default the whole shard is one batch (o
 logprobs (the exporter writes null for calls the engine gave none) is trained as on-policy: its ratio is 1
 (``exp(logp - logp.detach())``), which leaves the plain policy gradient; the count is reported, and those samples
 stay out of the ratio figure. ``importance_ratio_mean`` is exp(trainer logprob - engine logprob) averaged over the
-masked tokens of the FIRST batch, before any update: ~1.0 when trainer and engine compute the same distribution.
+masked tokens of the FIRST batch, before any update; its expectation is 1 whatever the mismatch (E_engine[p/q] = 1),
+so ``importance_k3`` (mean of r - 1 - log r over the same tokens, the k3 estimate of KL(engine || trainer)) is the
+figure that shows one: ~0 when trainer and engine compute the same distribution.
 
 **SFT.** Each sample is a conversation (``messages``, ``tools``) rendered with the checkpoint folder's own chat
 template (the text the engine serves); the loss is next-token cross-entropy on the assistant tokens only, averaged
@@ -245,6 +247,7 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
         if anchors:   # PPO-ptx: the demonstrations' SFT loss, weighted, in the same optimizer step
             anchor_losses.append(sft_loss(torch, model, anchors[len(anchor_losses)], scale=ARGS.anchor_coef)[0])
         return loss, {"importance_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
+                      "importance_k3": sum(r - 1 - math.log(r) for r in ratios) / len(ratios) if ratios else None,
                       "importance_ratio_tokens": len(ratios), **metrics}
 
     out = run(torch, model, batches, step, lambda b: sum(len(used[i]["prompt_ids"]) + len(used[i]["response_ids"])

@@ -126,6 +126,7 @@ class LoopReport:
     phases: dict[str, float] = field(default_factory=dict)
     switches: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)  # mean importance ratio of each GRPO update's first batch
+    k3s: list[float] = field(default_factory=list)  # k3 of KL(engine || trainer) over the same tokens
     rounds_trained: int = 0
     eval_runs: dict[str, str] = field(default_factory=dict)  # version -> its held-out evaluation run
     sampled_runs: dict[str, str] = field(default_factory=dict)  # version -> its sampled held-out evaluation run
@@ -325,6 +326,8 @@ class LearningLoop:
             return current
         if res.step.get("importance_ratio_mean") is not None:
             self.report.ratios.append(res.step["importance_ratio_mean"])
+        if res.step.get("importance_k3") is not None:
+            self.report.k3s.append(res.step["importance_k3"])
         self.add_version(version, current, f"grpo round {r}", samples=_rows(manifest))
         self.report.switches.append(self.session.switch(res))
         self.report.rounds_trained += 1

@@ -98,6 +98,8 @@ def _report(res) -> None:
         ratio = s.get("importance_ratio_mean")
         line += (f"; {s['nonzero_advantages']} samples with a non-zero advantage, {s['masked_tokens']} policy tokens, "
                  f"importance ratio on the first batch {'n/a' if ratio is None else round(ratio, 4)}")
+        if s.get("importance_k3") is not None:
+            line += f" (k3 of KL(engine || trainer) {s['importance_k3']:.2e})"
         if s.get("rollout_is_weighted_samples"):
             rc = s.get("rollout_correction") or {}
             line += (f"; off-policy weights from the shard on {s['rollout_is_weighted_samples']} samples "

@@ -120,6 +120,8 @@ def test_sft_then_grpo_through_the_commands_and_the_lineage(torch_python, tiny, 
     assert grpo["algorithm"] == "grpo" and grpo["parent"] == sft and grpo["weight_delta_l2"] > 0, grpo
     assert grpo["samples_without_logprobs"] == 1 and grpo["nonzero_advantages"] == 2, grpo
     assert abs(grpo["importance_ratio_mean"] - 1) < 1e-3 and grpo["importance_ratio_tokens"] > 0, grpo
+    assert 0 <= grpo["importance_k3"] < 1e-4, grpo   # the mismatch figure: k3 of KL(engine || trainer), >= 0
+    assert "k3 of KL(engine || trainer)" in " ".join(log.split()), log   # however the console wrapped it
     out = subprocess.run([OPENFORGE, "lineage", grpo["policy_version"], "--json", "--store", url], cwd=ROOT,
                          capture_output=True, text=True, env={**os.environ, "OPENFORGE_HOME": str(home)})
     links = json.loads(out.stdout)

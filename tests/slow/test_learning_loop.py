@@ -65,6 +65,7 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
         assert grpo["parent"] == sft["version"] and chain[-1]["policy_version"] == grpo["version"], chain
         assert chain[-1]["algorithm"] == "grpo" and chain[-1]["samples"] == grpo["samples"] > 0
         assert 0.9 < doc["importance_ratio_mean"] < 1.1, doc
+        assert 0 <= doc["importance_k3_mean"] < 0.01, doc
         control = versions["sft extended (control)"]   # SFT given the seconds GRPO took, evaluated like the others
         assert control["parent"] == sft["version"] and control["heldout"]["n"] == 2, doc
         assert doc["success_sft_extended"] is not None and doc["final_minus_sft_extended_ci95"] is not None, doc
