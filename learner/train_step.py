@@ -116,10 +116,10 @@ def _padded(torch, rows: list[list[float]]):
             torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32))
 
 
-def grpo_loss(torch, model, batch: list[dict], horizon: int) -> tuple[float, list[float], int, dict]:
+def grpo_loss(torch, model, batch: list[dict], horizon: int) -> tuple[float, list[tuple[float, float]], int, dict]:
     """Backward of one mini-batch's policy loss (veRL's vanilla PPO-clip, aggregated over the whole mini-batch
-    although it runs in micro-batches); returns (loss, per-token ratios of samples with engine logprobs, policy
-    tokens, metrics)."""
+    although it runs in micro-batches); returns (loss, (ratio, log ratio) of each policy token of the samples with
+    engine logprobs, policy tokens, metrics)."""
     n_tokens = sum(sum(s["response_mask"]) for s in batch)
     agg = {"batch_num_tokens": n_tokens, "global_batch_size": sum(1 for s in batch if sum(s["response_mask"])),
            "loss_scale_factor": horizon}
@@ -134,7 +134,8 @@ def grpo_loss(torch, model, batch: list[dict], horizon: int) -> tuple[float, lis
                 old.append(lp.detach().tolist())
             else:
                 old.append([float(engine[j]) for j, m in enumerate(s["response_mask"]) if m])
-                ratios += torch.exp(lp.detach() - torch.tensor(old[-1])).tolist()
+                log_ratio = lp.detach() - torch.tensor(old[-1])
+                ratios += zip(torch.exp(log_ratio).tolist(), log_ratio.tolist())
         _, mask = _padded(torch, [[0.0] * len(lp) for lp in logps])
         logp = torch.nn.utils.rnn.pad_sequence(logps, batch_first=True)
         old_t, _ = _padded(torch, old)
@@ -246,8 +247,9 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
         loss, ratios, _, metrics = grpo_loss(torch, model, [used[i] for i in idx], horizon)
         if anchors:   # PPO-ptx: the demonstrations' SFT loss, weighted, in the same optimizer step
             anchor_losses.append(sft_loss(torch, model, anchors[len(anchor_losses)], scale=ARGS.anchor_coef)[0])
-        return loss, {"importance_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
-                      "importance_k3": sum(r - 1 - math.log(r) for r in ratios) / len(ratios) if ratios else None,
+        # k3 from the log ratio itself: a ratio that underflows to 0 in float32 still counts (and log(0) fails)
+        return loss, {"importance_ratio_mean": sum(r for r, _ in ratios) / len(ratios) if ratios else None,
+                      "importance_k3": sum(r - 1 - d for r, d in ratios) / len(ratios) if ratios else None,
                       "importance_ratio_tokens": len(ratios), **metrics}
 
     out = run(torch, model, batches, step, lambda b: sum(len(used[i]["prompt_ids"]) + len(used[i]["response_ids"])
