@@ -247,7 +247,6 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
         loss, ratios, _, metrics = grpo_loss(torch, model, [used[i] for i in idx], horizon)
         if anchors:   # PPO-ptx: the demonstrations' SFT loss, weighted, in the same optimizer step
             anchor_losses.append(sft_loss(torch, model, anchors[len(anchor_losses)], scale=ARGS.anchor_coef)[0])
-        # k3 from the log ratio itself: a ratio that underflows to 0 in float32 still counts (and log(0) fails)
         return loss, {"importance_ratio_mean": sum(r for r, _ in ratios) / len(ratios) if ratios else None,
                       "importance_k3": sum(r - 1 - d for r, d in ratios) / len(ratios) if ratios else None,
                       "importance_ratio_tokens": len(ratios), **metrics}
