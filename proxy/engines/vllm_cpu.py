@@ -17,11 +17,11 @@ again: vLLM's own reload left it on the first weights, `vllm_worker/openforge_vl
 float32, `python bench/engine_switch.py`, before the output layer's step): a switch takes 0.63 s p50 over 5 (max
 0.64 s), and the first request after it is no slower than on warm caches (0.48 s vs 0.52 s for 8 tokens). The
 alternatives: a restart costs 1.5-4 min (compilation); sleep/wake is not available on vLLM's CPU platform
-(`is_sleep_mode_available` is CUDA/ROCm/XPU only) and would still need the reload; LoRA adapters loaded at run time (`--enable-lora`,
-`/v1/load_lora_adapter`, rank 8 on q/v) load in ~0.02 s, but `--enable-lora` turns off torch.compile on the CPU
-(`CompilationMode.NONE`: 13 tokens/s without an adapter vs 16 compiled) and a request with the adapter took 8.3 s for
-64 tokens vs 4.8 s without it, every token of every rollout; and they need a trainer that trains adapters, while ours
-fine-tunes all weights. So: in-place reload.
+(`is_sleep_mode_available` is CUDA/ROCm/XPU only) and would still need the reload; LoRA adapters loaded at run time
+(`--enable-lora`, `/v1/load_lora_adapter`, rank 8 on q/v) load in ~0.02 s, but `--enable-lora` turns off torch.compile
+on the CPU (`CompilationMode.NONE`: 13 tokens/s without an adapter vs 16 compiled) and a request with the adapter took
+8.3 s for 64 tokens vs 4.8 s without it, every token of every rollout; and they need a trainer that trains adapters,
+while ours fine-tunes all weights. So: in-place reload.
 
 CLI: `python -m proxy.engines.vllm_cpu setup` and `python -m proxy.engines.vllm_cpu serve --port P`.
 """
