@@ -38,7 +38,13 @@ def demo_command(
     eval_samples: int = typer.Option(0, "--eval-samples", help="Also evaluate every version with this many "
                                      "rollouts per held-out task sampled at --temperature (the policy GRPO trains; "
                                      "success averaged per task, paired by task); 0: greedy only."),
-    tasks_per_round: int = typer.Option(8, "--tasks-per-round", help="Train tasks per GRPO round (one group each)."),
+    tasks_per_round: int = typer.Option(8, "--tasks-per-round", help="Train tasks per GRPO round (one group each); "
+                                        "with --signal-groups, per draw."),
+    signal_groups: int = typer.Option(GrpoRecipe.signal_groups, "--signal-groups", help="DAPO's dynamic sampling: "
+                                      "a round draws --tasks-per-round more tasks until it holds this many groups "
+                                      "with a spread of reward, and trains on them (0: one draw a round)."),
+    max_draws: int = typer.Option(GrpoRecipe.max_draws, "--max-draws", help="With --signal-groups: the most draws "
+                                  "a round makes."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated tasks."),
     teacher: Optional[str] = typer.Option(None, "--teacher", help="An OpenAI-compatible teacher model's URL for the "
                                           "demonstrations (default: the scripted engine replaying each task's "
@@ -106,6 +112,7 @@ def demo_command(
                                  max_turns, max_tokens, port, store)
             else:
                 recipe = GrpoRecipe(rounds=rounds, tasks_per_round=tasks_per_round, group_size=group_size,
+                                    signal_groups=signal_groups, max_draws=max_draws,
                                     temperature=temperature, lr=grpo_lr, epochs=grpo_epochs,
                                     batch_size=grpo_batch_size or None, loss_agg=loss_agg, clip_high=clip_high,
                                     negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,

@@ -21,7 +21,9 @@ Every phase goes through the platform's own parts, so the loop is also their int
    held-out success stops rising", measured without touching the held-out split;
 5. GRPO rounds (the recipe: ``openforge.loop_recipe``): groups of sampled rollouts on train tasks, a veRL export with
    GRPO advantages, PPO mini-batch updates with one AdamW kept from round to round, a fenced switch; a round whose
-   groups all got equal rewards has no signal, trains nothing and says so; the last version is evaluated;
+   groups all got equal rewards has no signal, trains nothing and says so; with the recipe's ``signal_groups`` a
+   round keeps drawing new tasks until it holds that many groups with a spread of reward (DAPO's dynamic sampling,
+   ``openforge.loop_sampling``); the last version is evaluated;
 6. the control ``sft_extended``: the SFT version trained on the same demonstrations for as many more seconds as the
    GRPO rounds took (same optimizer state), evaluated like the others, so that GRPO's gain is measured against SFT
    given the same time, not against an SFT stopped early.
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .loop_recipe import GrpoRecipe
+from .loop_sampling import RoundSampler
 from .loop_session import BASE_POLICY
 from .scoreboard import Rate, VersionRow
 
@@ -133,6 +136,7 @@ class LoopReport:
     grpo_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     sft_curve: list[dict] = field(default_factory=list)  # staged SFT: epochs, version, validation success
+    draws: list[dict] = field(default_factory=list)  # each GRPO round's draws, groups with spread, groups kept
 
     def row(self, version: str) -> VersionRow:
         return next(r for r in self.rows if r.version == version)
@@ -166,9 +170,10 @@ class LearningLoop:
             sft, sft_shard = self._phase("sft", self._sft, teacher_run, val)
             self.sft_shard = sft_shard
             self._phase(f"eval {sft}", self.evaluate, sft, heldout)
-            current, t0, pool = sft, time.monotonic(), grpo_pool(train, demos)
+            current, t0 = sft, time.monotonic()
+            self.sampler = RoundSampler(grpo_pool(train, demos), self.cfg.recipe)
             for r in range(1, self.cfg.recipe.rounds + 1):
-                current = self._phase(f"grpo round {r}", self.grpo_round, r, current, pool)
+                current = self._phase(f"grpo round {r}", self.grpo_round, r, current)
             self.report.grpo_seconds = time.monotonic() - t0
             if current != sft:
                 self._phase(f"eval {current}", self.evaluate, current, heldout)
@@ -294,21 +299,31 @@ class LearningLoop:
         self.console.print(f"SFT version: {best} (best validation success along the stages)")
         return best
 
-    def grpo_round(self, r: int, current: str, train) -> str:
+    def grpo_round(self, r: int, current: str) -> str:
         """Round ``r`` of the recipe from ``current``: sample groups on the round's tasks, export a veRL shard,
         update, switch the engine to the new version; returns it (``current`` when no update could be made)."""
         from learner import ExportConfig, TrainError, export
 
         recipe = self.cfg.recipe
-        tasks = round_tasks(train, r, recipe.tasks_per_round)
-        summary = self.session.rollouts(tasks, purpose="train", group_size=recipe.group_size,
-                                        temperature=recipe.temperature, name=f"grpo round {r} {current}")
-        rate = _rate(summary)
+        draws = self.sampler.draw(lambda tasks, name: self.session.rollouts(
+            tasks, purpose="train", group_size=recipe.group_size, temperature=recipe.temperature, name=name),
+            f"grpo round {r} {current}")
+        self.report.draws.append({"round": r, **draws.as_dict()})
         row = self.report.row(current)
-        row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
-        shard = self.cfg.out / "shards" / f"grpo-{summary.run_id}"
+        for summary in draws.summaries:
+            rate = _rate(summary)
+            row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
+        if recipe.signal_groups:
+            self.console.print(f"round {r}: {len(draws.spread)} groups with a spread of reward in {len(draws.runs)} "
+                               f"draw(s) of {recipe.tasks_per_round}; trains on {len(draws.keep)}")
+            if not draws.keep:
+                note = f"round {r}: no update (no group with a spread of reward in {len(draws.runs)} draws)"
+                self.report.notes.append(note)
+                self.console.print(f"[yellow]{note}[/]")
+                return current
+        shard = self.cfg.out / "shards" / f"grpo-{draws.runs[0]}"
         # A completion cut at max_tokens is a failure the policy produced, not noise: it trains, with its advantage.
-        manifest = export(self.session.store, shard, ExportConfig(format="verl", where=f"run_id = '{summary.run_id}'",
+        manifest = export(self.session.store, shard, ExportConfig(format="verl", where=draws.where(),
                                                                   keep_truncated=True,
                                                                   norm_by_std=recipe.norm_by_std,
                                                                   call_cost=recipe.call_cost,
@@ -363,12 +378,6 @@ def grpo_pool(train: list, demos: list) -> list:
     the policy has to generalise as on held-out tasks, and where SFT's memory of a demonstration does not make all
     of a group succeed alike), then the demonstrated ones; each part keeps the families interleaved."""
     return [t for t in train if t not in demos] + [t for t in train if t in demos]
-
-
-def round_tasks(pool: list, r: int, k: int) -> list:
-    """Round ``r``'s ``k`` tasks (one group each): the next ``k`` of the pool, going round it."""
-    start = ((r - 1) * k) % len(pool)
-    return (pool[start:] + pool[:start])[:k]
 
 
 def _rate(summary) -> Rate:

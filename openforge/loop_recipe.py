@@ -22,6 +22,8 @@ class GrpoRecipe:
     tasks_per_round: int = 8
     group_size: int = 8
     temperature: float = 1.0
+    signal_groups: int = 0        # > 0: DAPO's dynamic sampling: draw tasks_per_round more tasks until a round holds
+    max_draws: int = 3            # this many groups with a spread of reward (at most max_draws draws); train on them
     lr: float = 5e-6
     # 2 passes in batches of 4: about 20 optimizer steps a round where 1 pass of 16 made 3 (2026-12-04, seed 0, the
     # same SFT score: final - SFT sampled +0.073 [+0.016, +0.135] against +0.021 [-0.036, +0.083]; README)
@@ -49,6 +51,10 @@ class GrpoRecipe:
         for name in ("tasks_per_round", "epochs"):
             if getattr(self, name) < 1:
                 raise RecipeError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if self.signal_groups < 0 or self.max_draws < 1:
+            raise RecipeError(f"--signal-groups {self.signal_groups} / --max-draws {self.max_draws}: pass 0 (one draw "
+                              "a round) or the number of groups with a spread of reward a round trains on, and 1 or "
+                              "more draws of --tasks-per-round tasks to find them in, e.g. 8 and 3")
         if self.batch_size is not None and self.batch_size < 1:
             raise RecipeError(f"--grpo-batch-size {self.batch_size}: pass 1 or more (or leave it out: one step)")
         if not self.lr > 0:

@@ -80,7 +80,7 @@ def summary_json(report, started: float, store=None, recipe: dict | None = None,
         "importance_k3_mean": float(f"{statistics.fmean(report.k3s):.3e}") if report.k3s else None,
         "phases_s": {k: round(v, 1) for k, v in report.phases.items()},
         "versions": [r.as_dict() for r in report.rows], "roles": roles(report), "eval_runs": report.eval_runs,
-        "recipe": recipe, "notes": report.notes, "sft_curve": report.sft_curve,
+        "recipe": recipe, "notes": report.notes, "sft_curve": report.sft_curve, "draws": report.draws,
     })
     doc["sampled"] = sampled_json(report, store, recipe, n_boot) if store is not None else None
     return doc

@@ -36,6 +36,7 @@ def loop(tmp_path_factory):
     home = tmp_path_factory.mktemp("loop-home")
     p = _openforge(home, "demo", "--families", "files,plan", "--train-tasks", "4", "--demo-tasks", "2",
                    "--heldout-tasks", "2", "--rounds", "1", "--tasks-per-round", "2", "--group-size", "4",
+                   "--signal-groups", "1", "--max-draws", "2",
                    "--temperature", "1.2", "--sft-epochs", "2", "--sft-stage-epochs", "1", "--sft-val-tasks", "2",
                    "--concurrency", "4", "--eval-samples", "2", "--port", "0")
     assert p.returncode == 0, p.stderr[-6000:]
@@ -58,6 +59,10 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
     names = [c["policy_version"] for c in chain]
     assert names[0] == base["version"] and names[1] == curve[0]["version"] and sft["version"] in names, names
     grpo = versions.get("grpo round 1")
+    draws = doc["draws"][0]   # dynamic sampling: a second draw only when the first held no group with signal
+    by_draw = draws["spread_by_draw"]
+    assert len(by_draw) == draws["draws"] and not any(by_draw[:-1]) and (by_draw[-1] or len(by_draw) == 2), doc
+    assert draws["kept_groups"] == min(1, draws["spread_groups"]) == (grpo is not None), doc
     if grpo is None:  # every group got equal rewards: the round trained nothing, and says why
         assert any("round 1: no update" in n for n in doc["notes"]), doc
         assert doc["final_version"] == sft["version"]
