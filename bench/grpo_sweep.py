@@ -10,8 +10,11 @@ version, and compares the two paired by task (``learner.compare_tasks``: success
 intervals). Seeds 100 and 101 are none of ``bench/learning_curve.py``'s (0-2), so a recipe chosen here is not fitted
 to the tasks the loop reports on.
 
-Usage: python bench/grpo_sweep.py --from DIR --epoch N [--pool-seed 101] [--pool-tasks 48] [--eval-rounds]
-       --recipe "temperature=0.8,negative_weight=0,call_cost=0.1" [--recipe ...]
+Usage: python bench/grpo_sweep.py --from DIR (--epoch N | --sft VERSION --seed S) [--pool-seed 101] [--pool-tasks 48]
+       [--eval-rounds] --recipe "temperature=0.8,negative_weight=0,call_cost=0.1" [--recipe ...]
+With ``--pool-tasks`` equal to the recipe's ``tasks_per_round`` every round draws the same tasks: whether the rounds
+raise success on what they train on (``train`` in a recipe's row) is the check that the update climbs its reward at
+all, before asking it to generalise.
 A recipe is ``GrpoRecipe`` fields (``openforge/loop_recipe.py``) as ``name=value`` pairs. Prints one line per recipe,
 then as its LAST line one JSON object: ``sft`` (version, success) and ``recipes`` (per recipe: its fields, the final
 version, success, final_minus_sft with its interval and McNemar p, the rubrics whose interval excludes 0, minutes,
@@ -53,7 +56,12 @@ def parse_recipe(text: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="home", type=Path, required=True, help="a folder bench/sft_plateau.py --keep left")
-    ap.add_argument("--epoch", type=int, required=True, help="the SFT epoch every recipe starts from")
+    ap.add_argument("--epoch", type=int, help="the SFT epoch every recipe starts from (sft-epochN)")
+    ap.add_argument("--sft", help="or the version every recipe starts from, a checkpoint under DIR/checkpoints (e.g. "
+                    "the SFT version of a `bench/learning_curve.py --keep DIR --keep-checkpoints` seed folder, with "
+                    "--seed that seed)")
+    ap.add_argument("--sft-run", help="with --sft: the run of its greedy held-out evaluation (the loop's eval_runs; "
+                    "without it every evaluation of the version counts, sampled ones too)")
     ap.add_argument("--seed", type=int, default=100, help="the generation sft_plateau evaluated on")
     ap.add_argument("--pool-seed", type=int, default=101)
     ap.add_argument("--pool-tasks", type=int, default=48)
@@ -63,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-rounds", action="store_true", help="evaluate every round's version on the held-out "
                     "tasks, not only the last (a curve per recipe; each evaluation costs its minutes)")
     args = ap.parse_args(argv)
+    if (args.epoch is None) == (args.sft is None):
+        ap.error("pass --epoch N (a bench/sft_plateau.py folder's sft-epochN) or --sft VERSION, one of them")
     recipes = [parse_recipe(r) for r in args.recipe]
     os.environ["OPENFORGE_HOME"] = str(args.home)
     doc = run(args, recipes)
@@ -75,14 +85,16 @@ def run(args, recipes) -> dict:
 
     from learner import TrainResult, version_tasks
     from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_sampling import RoundSampler
     from openforge.loop_session import Session
 
     console = Console(stderr=True, width=160)
-    home, sft = args.home, f"sft-epoch{args.epoch}"
+    home, sft = args.home, args.sft or f"sft-epoch{args.epoch}"
     checkpoint = home / "checkpoints" / sft
     if not checkpoint.is_dir():
-        raise SystemExit(f"--epoch {args.epoch}: no checkpoint {checkpoint}; run bench/sft_plateau.py --keep {home} "
-                         f"--epochs {args.epoch} or more first")
+        raise SystemExit(f"--epoch {args.epoch} / --sft {args.sft}: no checkpoint {checkpoint}; run "
+                         f"bench/sft_plateau.py --keep {home} --epochs N first, or name a version under "
+                         f"{home / 'checkpoints'}")
     base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
                           demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
     _, _, heldout = LearningLoop(base_cfg, console).tasks()
@@ -95,7 +107,7 @@ def run(args, recipes) -> dict:
         holder = LearningLoop(base_cfg, console)
         s = Session(base_cfg, console, stack, holder.report)
         s.start()
-        sft_tasks = version_tasks(s.store, sft, purpose="eval")
+        sft_tasks = version_tasks(s.store, sft, purpose="eval", run_ids=[args.sft_run] if args.sft_run else None)
         if not sft_tasks:
             raise SystemExit(f"{sft} has no evaluation in {home}'s store")
         out["sft"]["success"] = sum(a.passed for a in sft_tasks.values()) / sum(a.n for a in sft_tasks.values())
@@ -107,9 +119,9 @@ def run(args, recipes) -> dict:
             s.cfg, s.report = cfg, loop.report
             s.switch(TrainResult(sft, None, checkpoint, {}))
             loop.add_version(sft, None, "sft")
-            current, curve = sft, []
+            current, curve, loop.sampler = sft, [], RoundSampler(pool, recipe)
             for r in range(1, recipe.rounds + 1):
-                current = loop.grpo_round(r, current, pool)
+                current = loop.grpo_round(r, current)
                 if args.eval_rounds and r < recipe.rounds and current != sft:
                     success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
                     curve.append({"round": r, "version": current, "success": success.b, "final_minus_sft":
@@ -117,19 +129,29 @@ def run(args, recipes) -> dict:
                     console.print(f"  round {r}: {current} {success.b:.3f}, diff {success.diff:+.3f} "
                                   f"{curve[-1]['ci95']}; moved: {', '.join(m['metric'] for m in moved) or 'nothing'}")
             if current == sft:
-                out["recipes"].append({"recipe": recipe.as_dict(), "final": None, "notes": loop.report.notes})
+                out["recipes"].append({"recipe": recipe.as_dict(), "final": None, "notes": loop.report.notes,
+                                       "train": _train_curve(loop)})
                 continue
             success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
             row = {"recipe": recipe.as_dict(), "final": current, "success": success.b, "curve": curve,
                    "final_minus_sft": success.diff, "ci95": list(success.ci95) if success.ci95 else None,
                    "p": success.p_value, "ratios": loop.report.ratios, "moved": moved,
-                   "minutes": round((time.monotonic() - t0) / 60, 2), "notes": loop.report.notes}
+                   "minutes": round((time.monotonic() - t0) / 60, 2), "notes": loop.report.notes,
+                   "train": _train_curve(loop), "draws": loop.report.draws}
             out["recipes"].append(row)
             console.print(f"[bold]recipe {i}[/] {args.recipe[i]}: {sft} {success.a:.3f} -> {current} {success.b:.3f}, "
                           f"diff {success.diff:+.3f} {row['ci95']} p {success.p_value}; moved: "
                           f"{', '.join(m['metric'] for m in moved) or 'nothing'} ({row['minutes']} min)")
             print(json.dumps(row), flush=True)
     return out
+
+
+def _train_curve(loop) -> list[dict]:
+    """Each version's success on the rollouts the rounds sampled from it (the rounds' own tasks, at the recipe's
+    temperature): with ``--pool-tasks`` equal to a round's tasks every round samples the same tasks, so this is the
+    policy's success on what it trains on, round by round."""
+    return [{"version": row.version, "successes": row.train.successes, "n": row.train.n}
+            for row in loop.report.rows if row.train.n]
 
 
 def _versus(s, loop, version: str, heldout, sft_tasks, n_boot: int):
