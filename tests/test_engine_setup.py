@@ -131,6 +131,15 @@ def test_the_server_loads_the_reload_that_prepares_the_tied_output_layer(tmp_pat
     assert f"class {cls}" in source and f"def {RELOAD_METHOD}(" in source
 
 
+@pytest.mark.parametrize("max_model_len", [8192, 1024])
+def test_the_server_prefills_every_prompt_in_one_step(tmp_path, max_model_len):
+    """A seeded request prefilled in chunks kills vLLM 0.32's CPU engine (tests/slow/test_vllm_cpu.py shows it); so no
+    chunked prefill, and a step budget that holds the longest prompt (vLLM refuses a smaller one then)."""
+    argv = server_command(tmp_path / "python", tmp_path / "model", 8000, max_model_len=max_model_len)
+    assert "--no-enable-chunked-prefill" in argv and "--enable-chunked-prefill" not in argv
+    assert int(argv[argv.index("--max-num-batched-tokens") + 1]) >= max_model_len
+
+
 class _FakeDevRoutes(http.server.BaseHTTPRequestHandler):
     """vLLM's dev routes, whose reload fails for one folder (the real engine cannot be made to fail a reload of a
     checkpoint that passes the check on demand)."""

@@ -107,7 +107,12 @@ def server_command(python: Path, model: Path, port: int, max_model_len: int = MA
         # "auto", and the hermes parser turns the <tool_call> blocks the model writes into `tool_calls`
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         # a reload that also prepares the tied output layer again (vllm_worker/openforge_vllm_worker.py says why)
-        "--worker-extension-cls", WORKER_EXTENSION, *extra_args,
+        "--worker-extension-cls", WORKER_EXTENSION,
+        # every prompt prefilled in one step: vLLM 0.32's CPU runner kills its engine when a request with a `seed`
+        # is prefilled in chunks (a prompt past the step's budget, 2048 tokens by default, or sharing a busy step):
+        # it rewinds the request's torch.Generator with get_offset(), which a CPU generator refuses ("CPU Generator
+        # does not use offset"). Without chunking the step's budget must hold the longest prompt.
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 2048)), *extra_args,
     ]
 
 

@@ -198,6 +198,20 @@ def test_a_prompt_past_the_models_positions_is_refused_and_the_engine_keeps_serv
     assert after.usage.completion_tokens >= 1
 
 
+def test_a_seeded_sampled_request_with_a_long_prompt_is_served_and_the_engine_keeps_serving(client):
+    """vLLM 0.32 on the CPU killed its engine on a request with `seed` whose prompt it prefilled in chunks: its runner
+    rewinds the request's generator with get_offset(), which a CPU torch.Generator refuses, and every later request
+    got a 500. The server now prefills each prompt in one step. Before that change this request (3,000 tokens, past
+    the CPU's default step budget of 2048) failed with "EngineCore encountered an issue", and so did the next one."""
+    long = [{"role": "user", "content": "apple " * 3000 + "\nWhich fruit is named above? One word."}]
+    answers = [client.chat.completions.create(model=MODEL_NAME, messages=long, max_tokens=8, temperature=1.0, seed=7)
+               for _ in range(2)]
+    assert answers[0].usage.prompt_tokens > 2048 and answers[0].usage.completion_tokens >= 1
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content   # what a seed is for
+    after = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=4)
+    assert after.usage.completion_tokens >= 1
+
+
 def test_temperature_defaults_to_zero(client):
     ask = [{"role": "user", "content": "Tell me one surprising word."}]
     texts = {client.chat.completions.create(model=MODEL_NAME, messages=ask, max_tokens=12, seed=seed)
