@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .loop_recipe import GrpoRecipe
-from .loop_sampling import RoundSampler
+from .loop_sampling import UNGRADED, RoundSampler
 from .loop_session import BASE_POLICY
 from .scoreboard import Rate, VersionRow
 
@@ -381,7 +381,7 @@ def grpo_pool(train: list, demos: list) -> list:
 
 
 def _rate(summary) -> Rate:
-    graded = [r for r in summary.results if r.outcome not in ("infra_error", "cancelled")]
+    graded = [r for r in summary.results if r.outcome not in UNGRADED]
     return Rate(sum(r.outcome == "success" for r in graded), len(graded))
 
 

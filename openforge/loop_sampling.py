@@ -28,14 +28,11 @@ def draw_tasks(pool: list, start: int, k: int) -> list:
     return (ring * (k // len(pool) + 1))[:k]
 
 
-def round_tasks(pool: list, r: int, k: int) -> list:
-    """Round ``r``'s ``k`` tasks when every round draws once: the next ``k`` of the pool, going round it."""
-    return draw_tasks(pool, (r - 1) * k, k)
-
-
 def spread_groups(results, success_only: bool = False) -> list[str]:
     """The groups (in the order their rollouts came back) whose graded rollouts got more than one reward: the
-    only ones whose advantages are not all 0. ``success_only`` compares success alone, as the export then does."""
+    only ones whose advantages are not all 0. ``success_only`` compares success alone, as the export then does.
+    The recipe's ``call_cost`` shaping is not applied here: a group whose rollouts all got one reward with different
+    call counts has advantages in the export but does not count as signal for the draws."""
     rewards: dict[str, list[float]] = defaultdict(list)
     for r in results:
         if r.outcome in UNGRADED or not r.group_id:

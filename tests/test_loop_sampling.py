@@ -12,7 +12,7 @@ import pytest
 from forge_store import Settings, open_store
 from learner import ExportConfig, export
 from openforge.loop_recipe import GrpoRecipe, RecipeError
-from openforge.loop_sampling import RoundDraws, RoundSampler, draw_tasks, round_tasks, spread_groups
+from openforge.loop_sampling import RoundDraws, RoundSampler, draw_tasks, spread_groups
 from rollout._rollout_runner import RolloutResult
 from tests.conftest import make_call
 
@@ -40,7 +40,6 @@ def test_draws_go_round_the_pool_from_where_the_last_stopped():
     assert draw_tasks(pool, 3, 3) == ["d", "e", "a"]
     assert draw_tasks(pool, 7, 2) == ["c", "d"]
     assert draw_tasks(pool, 0, 7) == ["a", "b", "c", "d", "e", "a", "b"]
-    assert round_tasks(pool, 2, 2) == ["c", "d"]
 
 
 @dataclass

@@ -99,12 +99,12 @@ def test_bad_stage_settings_are_refused(tmp_path, kw, says):
 
 def test_grpo_rounds_draw_undemonstrated_tasks_first_then_go_round():
     from openforge.loop import grpo_pool
-    from openforge.loop_sampling import round_tasks
+    from openforge.loop_sampling import draw_tasks
 
     train = [f"{fam}{i}" for i in range(3) for fam in "abcd"]   # interleaved families, as the loop builds them
     demos = [t for t in train if t.endswith("0")]                # the teacher showed the first of each family
     pool = grpo_pool(train, demos)
     assert pool[:8] == [t for t in train if not t.endswith("0")] and pool[8:] == demos
-    assert round_tasks(pool, 1, 4) == ["a1", "b1", "c1", "d1"]   # every family in a round, none demonstrated
-    assert round_tasks(pool, 3, 4) == demos
-    assert round_tasks(pool, 3, 5) == ["c0", "d0", "a1", "b1", "c1"]   # past the end: round the pool again
+    assert draw_tasks(pool, 0, 4) == ["a1", "b1", "c1", "d1"]   # every family in a round, none demonstrated
+    assert draw_tasks(pool, 8, 4) == demos
+    assert draw_tasks(pool, 10, 5) == ["c0", "d0", "a1", "b1", "c1"]   # past the end: round the pool again
