@@ -58,6 +58,8 @@ _DEFAULT_SHELL_WRITES = (r"(?<![<>&\d])>{1,2}\s*(?P<path>[^\s;|&<>]+)", r"\btee\
 
 _DEFAULT_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "notebook_path", "target_file")
 _DEFAULT_COMMAND_KEYS = ("command", "cmd", "script", "input")
+# tool-call markup of common chat templates: Hermes / Qwen / SmolLM2, Llama 3's python tag, Llama 3.x / Functionary
+_DEFAULT_UNPARSED_MARKERS = ("<tool_call>", "<|python_tag|>", "<function=")
 
 
 def _required(items, fold: bool) -> frozenset[str] | None:
@@ -133,6 +135,9 @@ class RubricConfig:
     shell_write_patterns: tuple[str, ...] = _DEFAULT_SHELL_WRITES
     path_keys: tuple[str, ...] = _DEFAULT_PATH_KEYS
     command_keys: tuple[str, ...] = _DEFAULT_COMMAND_KEYS
+    # An answer without tool calls whose text holds one of these opened a call the server's parser could not read
+    # (learner._answers).
+    unparsed_markers: tuple[str, ...] = _DEFAULT_UNPARSED_MARKERS
     # A rollout passes (for pass@k / pass^k) when its latest reward is >= this; without a reward, when its
     # outcome is "success".
     pass_threshold: float = 1.0

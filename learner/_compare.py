@@ -46,12 +46,14 @@ class TaskAgg:
     verified: int = 0
     failed: int = 0
     recovered: int = 0
+    unparsed: int = 0
     coverage: list = field(default_factory=list)
     efficiency: list = field(default_factory=list)
 
     def add(self, facts) -> None:
         r = facts.rubrics
         self.n += 1
+        self.unparsed += r.unparsed
         self.passed += int(facts.passed)
         self.tool_calls += r.n_tool_calls
         self.tools.update(r.tool_counts)
@@ -96,6 +98,7 @@ def metrics(tool_names: Iterable[str], families: Iterable[str], difficulties: It
         "self_verification_rate": lambda ts: _ratio(sum(t.verified for t in ts), sum(t.wrote for t in ts)),
         "recovery_rate": lambda ts: _ratio(sum(t.recovered for t in ts), sum(t.failed for t in ts)),
         "failed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.failed for t in ts), sum(t.n for t in ts)),
+        "unparsed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.unparsed for t in ts), sum(t.n for t in ts)),
         "tool_coverage": lambda ts: _mean(x for t in ts for x in t.coverage),
         "step_efficiency": lambda ts: _mean(x for t in ts for x in t.efficiency),
     })

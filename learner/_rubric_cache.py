@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from forge_store import CallSummary
 
 from ._analysis_config import READ, SEARCH, SHELL, RubricConfig
+from ._answers import unparsed_tool_call
 from ._rubrics import (
     RolloutRubrics,
     ToolStep,
@@ -157,7 +158,8 @@ class RubricCache:
             format_ok=sum(s.format_ok for s, _, _ in steps), failed=failed, recovered=recovered,
             wrote=verified is not None, self_verified=verified,
             coverage=tool_coverage([s for s, _, _ in steps], meta.get("required_tools")),
-            efficiency=step_efficiency(meta.get("reference_steps"), len(calls)))
+            efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
+            unparsed=sum(unparsed_tool_call(c, self.config.unparsed_markers) for c in calls))
 
     @staticmethod
     def _recovery(steps: list[tuple[_Call, bool, bool]]) -> tuple[int, int]:

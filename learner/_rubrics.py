@@ -16,6 +16,8 @@ The rules (every list and pattern lives in :class:`learner._analysis_config.Rubr
 * **Self-verification** (rollouts that wrote at least one path): every path written (write tools' path
   arguments, ``apply_patch`` file headers, shell redirections / tee / ``sed -i`` / touch) was read back after its
   last write (a read or search tool on it, or a read-back shell command naming it), or a test run came after it.
+* **Unparsed tool calls**: answers with no tool call whose text holds tool-call markup (``unparsed_markers``): the
+  server's parser could not read the call, and the turn ended on it (:mod:`learner._answers`).
 * **Tool coverage**: share of the task's ``required_tools`` (tasks.metadata) called; a requirement may name a tool
   or a category (``shell``, ``read``, ...).
 * **Step efficiency**: ``reference_steps`` (tasks.metadata) / model calls taken, capped at 1; the analysis tables
@@ -40,6 +42,7 @@ import orjson
 from forge_store import CallSummary, StoredCall
 
 from ._analysis_config import READ, SEARCH, SHELL, WRITE, RubricConfig
+from ._answers import unparsed_tool_call
 
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
 _PATCH_MOVE = re.compile(r"^\*\*\* Move to: (.+)$", re.M)
@@ -80,6 +83,7 @@ class RolloutRubrics:
     self_verified: bool | None
     coverage: float | None
     efficiency: float | None
+    unparsed: int = 0   # answers holding a tool call the server's parser could not read
 
     @property
     def format_rate(self) -> float | None:
@@ -339,7 +343,8 @@ def rollout_rubrics(calls: Sequence[StoredCall | CallSummary], *, task_metadata:
         category_counts=dict(cats), shell_share=cats[SHELL] / len(steps) if steps else None,
         format_ok=sum(s.format_ok for s in steps), failed=failed, recovered=recovered, wrote=verified is not None,
         self_verified=verified, coverage=tool_coverage(steps, meta.get("required_tools")),
-        efficiency=step_efficiency(meta.get("reference_steps"), len(calls)))
+        efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
+        unparsed=sum(unparsed_tool_call(c, config.unparsed_markers) for c in calls))
 
 
 # ---- pass@k, pass^k, percentiles ------------------------------------------------------------------------------

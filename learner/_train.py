@@ -181,7 +181,7 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
           optimizer_state: Path | None = None, loss_agg: str | None = None, clip_low: float | None = None,
           clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None,
           train_layers: int | None = None, anchor: Path | None = None, anchor_coef: float | None = None,
-          seed: int | None = None, policy_id: str | None = None,
+          anchor_batch_size: int | None = None, seed: int | None = None, policy_id: str | None = None,
           timeout_s: float = 3600,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
@@ -195,7 +195,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     ``clip_low`` and ``clip_high`` are veRL's ``loss_agg_mode`` and PPO clip range (GRPO). ``negative_weight`` scales negative advantages (1: GRPO). ``lora_rank`` trains a
     low-rank adapter on every projection and merges it (no optimizer state then). ``train_layers`` trains only the
     last that many decoder blocks and the final norm (the backward pass stops below them). ``anchor`` (GRPO) is an
-    SFT export whose assistant loss, times ``anchor_coef``, joins every GRPO step (InstructGPT's PPO-ptx). ``seed``
+    SFT export whose assistant loss, times ``anchor_coef``, joins every GRPO step (InstructGPT's PPO-ptx), over
+    ``anchor_batch_size`` of its conversations a step (the step's default: 8). ``seed``
     seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
@@ -219,7 +220,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                         ("--optimizer-state", optimizer_state), ("--loss-agg", loss_agg), ("--clip-low", clip_low),
                         ("--clip-high", clip_high), ("--negative-weight", negative_weight),
                         ("--lora-rank", lora_rank), ("--train-layers", train_layers),
-                        ("--anchor-coef", anchor_coef if anchors else None), ("--seed", seed)):
+                        ("--anchor-coef", anchor_coef if anchors else None),
+                        ("--anchor-batch-size", anchor_batch_size if anchors else None), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
     keys = (("messages", "tools") if algo == "sft" else

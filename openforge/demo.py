@@ -73,6 +73,8 @@ def demo_command(
                                     "rewards: a rollout of n model calls counts reward * (1 - COST)**(n-1)."),
     sft_anchor: float = typer.Option(GrpoRecipe.sft_anchor, "--sft-anchor", help="Weight of the demonstrations' "
                                      "SFT loss joined to every GRPO step (PPO-ptx; 0: none)."),
+    anchor_batch_size: int = typer.Option(GrpoRecipe.anchor_batch_size, "--anchor-batch-size", help="Demonstrations "
+                                          "in each GRPO step's anchor loss (--sft-anchor); each costs a sample pass."),
     success_only: bool = typer.Option(GrpoRecipe.success_only, "--success-only", help="GRPO's advantages from "
                                       "success or failure alone (reward 1 or not), not the verifier's partial credit."),
     dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
@@ -118,7 +120,7 @@ def demo_command(
                                     negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
                                     lora_rank=lora_rank, call_cost=call_cost, success_only=success_only,
                                     train_layers=train_layers,
-                                    sft_anchor=sft_anchor)
+                                    sft_anchor=sft_anchor, anchor_batch_size=anchor_batch_size)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
                             eval_samples=eval_samples,

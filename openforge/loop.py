@@ -354,7 +354,8 @@ class LearningLoop:
             return {}
         if self.sft_shard is None:
             raise ValueError("the recipe's sft_anchor needs the demonstrations' SFT export; this loop has none")
-        return {"anchor": self.sft_shard, "anchor_coef": self.cfg.recipe.sft_anchor}
+        return {"anchor": self.sft_shard, "anchor_coef": self.cfg.recipe.sft_anchor,
+                "anchor_batch_size": self.cfg.recipe.anchor_batch_size}
 
     def _sft_extended(self, sft: str, shard: Path) -> str:
         """SFT on the same demonstrations from the SFT version, for the seconds the GRPO rounds took."""

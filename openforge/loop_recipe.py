@@ -40,6 +40,7 @@ class GrpoRecipe:
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
     train_layers: int = 0         # > 0: only the last K decoder blocks train (the backward pass stops below them)
     sft_anchor: float = 0.0       # > 0: the demonstrations' SFT loss times this joins every GRPO step (PPO-ptx)
+    anchor_batch_size: int = 8    # demonstrations in each GRPO step's anchor loss (each costs one SFT sample pass)
     precision: str = "auto"       # bf16 only where the CPU has native bfloat16 (60x slower emulated on AVX2)
 
     def check(self) -> None:
@@ -75,6 +76,9 @@ class GrpoRecipe:
         if self.sft_anchor < 0:
             raise RecipeError(f"--sft-anchor {self.sft_anchor}: the weight of the demonstrations' SFT loss in each "
                               "GRPO step is 0 (none) or more, e.g. 0.5")
+        if self.anchor_batch_size < 1:
+            raise RecipeError(f"--anchor-batch-size {self.anchor_batch_size}: the demonstrations in each GRPO step's "
+                              "anchor loss; pass 1 or more, e.g. 2")
         if self.lora_rank < 0:
             raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
         if self.train_layers < 0 or (self.train_layers and self.lora_rank):

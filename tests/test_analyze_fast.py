@@ -39,13 +39,17 @@ RESULTS = ["ok", "src\ntests\n", "Traceback (most recent call last):\n  ValueErr
            "ſtatus fine", "KeyError: 'x'", "all 3 passed", "permission denied (lowercase)", "Permission denied"]
 
 
+UNPARSED = '<tool_call>{"name": "bash", "arguments": {"command": "sed -i \'s/a/b/g" x.md"}}</tool_call>'
+
+
 def _turns(rng: random.Random) -> list[Turn]:
     turns = []
     for _ in range(rng.randint(0, 9)):
         calls = [rng.choice(CALLS) for _ in range(rng.choice((1, 1, 1, 2, 3)))]
         results = [rng.choice(RESULTS) for _ in range(len(calls) - (rng.random() < 0.15))]
         turns.append(Turn(calls, results))
-    return turns + [Turn(text="done")] if turns or rng.random() < 0.5 else turns
+    # the last answer: text, or a tool call the server's parser could not read (it came back as text)
+    return turns + [Turn(text=rng.choice(["done", UNPARSED]))] if turns or rng.random() < 0.5 else turns
 
 
 def _varied(st, n: int = 60, seed: int = 7) -> None:
@@ -158,6 +162,7 @@ def test_cached_rubrics_are_those_of_full_reads(st):
     assert len(ref) > 40 and sum(f["rubrics"].n_tool_calls for f in ref) > 150
     assert {f["rubrics"].failed > 0 for f in ref} == {True, False}  # the store exercises every rule
     assert {f["rubrics"].self_verified for f in ref} == {True, False, None}
+    assert {f["rubrics"].unparsed for f in ref} == {0, 1}
     light = st.call_summaries([f["info"].id for f in ref])
     for cache in (RubricCache(config), RubricCache(config, max_entries=7, max_chars=400)):  # tiny: often cleared
         for f in ref:

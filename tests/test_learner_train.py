@@ -231,9 +231,11 @@ def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_pat
             parse(base + bad)
     with pytest.raises(RecipeError, match="--sft-anchor -1"):
         GrpoRecipe(sft_anchor=-1).check()
-    loop = LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(sft_anchor=0.5)), console=None)
+    with pytest.raises(RecipeError, match="--anchor-batch-size 0: .* pass 1 or more"):
+        GrpoRecipe(sft_anchor=0.5, anchor_batch_size=0).check()
+    loop = LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(sft_anchor=0.5, anchor_batch_size=2)), console=None)
     with pytest.raises(ValueError, match="sft_anchor needs the demonstrations' SFT export"):
         loop._anchor()
     loop.sft_shard = tmp_path / "sft"
-    assert loop._anchor() == {"anchor": tmp_path / "sft", "anchor_coef": 0.5}
+    assert loop._anchor() == {"anchor": tmp_path / "sft", "anchor_coef": 0.5, "anchor_batch_size": 2}
     assert LearningLoop(LoopConfig(out=tmp_path), console=None)._anchor() == {}
