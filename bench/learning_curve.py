@@ -29,9 +29,11 @@ success whose interval excludes 0.
 
 SFT runs ``SFT_PLATEAU_EPOCHS`` epochs unless the demo options name ``--sft-epochs`` or ``--sft-stage-epochs``.
 
-Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0] [--keep DIR [--keep-checkpoints]] [-- DEMO OPTIONS ...]
+Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0 | --seed N ...] [--keep DIR [--keep-checkpoints]]
+                                     [-- DEMO OPTIONS ...]
 With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
-back instead of re-running them (so seeds can be run one at a time and pooled at the end).
+back instead of re-running them (so seeds can be run one at a time and pooled at the end; ``--seed 0 --seed 2``
+picks seeds that are not consecutive).
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, action="append", dest="seed_list", metavar="N",
+                    help="run these seeds (repeat it: --seed 0 --seed 2) instead of --seeds from --first-seed")
     ap.add_argument("--keep", type=Path, help="keep each seed's store and result under this folder; run again with "
                     "the same folder and more --seeds, a finished seed is read back, not re-run")
     ap.add_argument("--keep-checkpoints", action="store_true", help="with --keep: keep the SFT and final versions' "
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
     per_seed, sampled_seeds = [], []
     try:
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for seed in args.seed_list or range(args.first_seed, args.first_seed + args.seeds):
             home = root / f"seed{seed}"
             home.mkdir(parents=True, exist_ok=True)
             doc = run_seed(seed, home, demo_args)
