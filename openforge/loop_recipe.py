@@ -22,9 +22,10 @@ class GrpoRecipe:
     tasks_per_round: int = 8
     group_size: int = 8
     temperature: float = 1.0
-    signal_groups: int = 0        # > 0: DAPO's dynamic sampling: draw tasks_per_round more tasks until a round holds
+    # dynamic sampling, lr 1e-5 and the SFT anchor together: 2026-12-05, seeds 0, 1, 2 (bench/learning_curve.py; README)
+    signal_groups: int = 8        # > 0: DAPO's dynamic sampling: draw tasks_per_round more tasks until a round holds
     max_draws: int = 3            # this many groups with a spread of reward (at most max_draws draws); train on them
-    lr: float = 5e-6
+    lr: float = 1e-5
     # 2 passes in batches of 4: about 20 optimizer steps a round where 1 pass of 16 made 3 (2026-12-04, seed 0, the
     # same SFT score: final - SFT sampled +0.073 [+0.016, +0.135] against +0.021 [-0.036, +0.083]; README)
     epochs: int = 2               # passes over a round's samples
@@ -39,8 +40,9 @@ class GrpoRecipe:
     keep_optimizer: bool = True   # one AdamW for the GRPO rounds: new at round 1, its moments kept from round to round
     lora_rank: int = 0            # > 0: a rank-r adapter per round, merged (then no optimizer state carries over)
     train_layers: int = 0         # > 0: only the last K decoder blocks train (the backward pass stops below them)
-    sft_anchor: float = 0.0       # > 0: the demonstrations' SFT loss times this joins every GRPO step (PPO-ptx)
-    anchor_batch_size: int = 8    # demonstrations in each GRPO step's anchor loss (each costs one SFT sample pass)
+    sft_anchor: float = 1.0       # > 0: the demonstrations' SFT loss times this joins every GRPO step (PPO-ptx):
+    # without it lr 1e-5 broke the tool-call format (seed 1: unparsed calls 0.00 -> 0.25 a rollout)
+    anchor_batch_size: int = 2    # demonstrations in each GRPO step's anchor loss (each costs one SFT sample pass)
     precision: str = "auto"       # bf16 only where the CPU has native bfloat16 (60x slower emulated on AVX2)
 
     def check(self) -> None:

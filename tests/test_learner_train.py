@@ -238,4 +238,5 @@ def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_pat
         loop._anchor()
     loop.sft_shard = tmp_path / "sft"
     assert loop._anchor() == {"anchor": tmp_path / "sft", "anchor_coef": 0.5, "anchor_batch_size": 2}
-    assert LearningLoop(LoopConfig(out=tmp_path), console=None)._anchor() == {}
+    assert LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(sft_anchor=0)), console=None)._anchor() == {}
+    assert GrpoRecipe().sft_anchor > 0   # the default recipe anchors (README: seeds 0, 1, 2 on 2026-12-05)

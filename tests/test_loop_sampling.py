@@ -91,7 +91,7 @@ def test_a_round_stops_at_max_draws_with_what_it_found():
 
 
 def test_without_dynamic_sampling_a_round_is_one_draw_trained_whole():
-    recipe = GrpoRecipe(tasks_per_round=2, group_size=2)
+    recipe = GrpoRecipe(tasks_per_round=2, group_size=2, signal_groups=0)
     rollouts = Rollouts(mixed=set())
     draws = RoundSampler(["a", "b", "c"], recipe).draw(rollouts, "r")
     assert len(rollouts.calls) == 1 and draws.keep is None and draws.where() == "run_id = 'run-1'"
