@@ -95,13 +95,17 @@ def run(args, recipes) -> dict:
         raise SystemExit(f"--epoch {args.epoch} / --sft {args.sft}: no checkpoint {checkpoint}; run "
                          f"bench/sft_plateau.py --keep {home} --epochs N first, or name a version under "
                          f"{home / 'checkpoints'}")
+    demos = sorted((home / "demo" / "shards").glob("sft-*"))   # the demonstrations' export (a recipe's sft_anchor)
+    if not demos and (anchored := [i for i, r in enumerate(recipes, 1) if r.sft_anchor]):
+        raise SystemExit(f"--recipe {', '.join(map(str, anchored))}: sft_anchor > 0 (the default) trains on the "
+                         f"demonstrations' SFT export, and {home / 'demo' / 'shards'} holds none (sft-*); add "
+                         "sft_anchor=0 to the recipe, or start from a bench/learning_curve.py --keep seed folder")
     base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
                           demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
     _, _, heldout = LearningLoop(base_cfg, console).tasks()
     pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
                                    heldout_tasks=4)
     pool, _, _ = LearningLoop(pool_cfg, console).tasks()
-    demos = sorted((home / "demo" / "shards").glob("sft-*"))   # the demonstrations' export (a recipe's sft_anchor)
     out = {"sft": {"version": sft}, "recipes": []}
     with ExitStack() as stack:
         holder = LearningLoop(base_cfg, console)

@@ -187,8 +187,8 @@ def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, help="how many consecutive seeds (3 by default)")
+    ap.add_argument("--first-seed", type=int, help="the first of them (0 by default)")
     ap.add_argument("--seed", type=int, action="append", dest="seed_list", metavar="N",
                     help="run these seeds (repeat it: --seed 0 --seed 2) instead of --seeds from --first-seed")
     ap.add_argument("--keep", type=Path, help="keep each seed's store and result under this folder; run again with "
@@ -200,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.keep_checkpoints and args.keep is None:
         ap.error("--keep-checkpoints keeps them in the --keep DIR: pass --keep DIR too")
+    if args.seed_list and (args.seeds is not None or args.first_seed is not None):
+        ap.error(f"--seed {' --seed '.join(map(str, args.seed_list))} names the seeds; --seeds / --first-seed pick "
+                 "consecutive ones instead: pass one way or the other")
+    if args.seeds is None:
+        args.seeds = 3
+    if args.first_seed is None:
+        args.first_seed = 0
     demo_args = [a for a in args.demo_args if a != "--"]
     if not any(a.split("=")[0] in ("--sft-epochs", "--sft-stage-epochs") for a in demo_args):
         demo_args = ["--sft-epochs", str(SFT_PLATEAU_EPOCHS), *demo_args]

@@ -1,5 +1,6 @@
 """bench/grpo_sweep.py's ``--recipe`` language: GrpoRecipe fields as name=value pairs, typed by the field, checked by
-the recipe's own rules; an unknown field names the fields there are."""
+the recipe's own rules; an unknown field names the fields there are. The benches' arguments that cannot go together
+are refused before anything runs."""
 
 from __future__ import annotations
 
@@ -28,3 +29,23 @@ def test_unknown_field_and_out_of_range_value_are_refused():
         sweep.parse_recipe("temp=0.8")
     with pytest.raises(RecipeError, match="--call-cost 1.5"):
         sweep.parse_recipe("call_cost=1.5")
+
+
+def test_an_anchored_recipe_without_demonstrations_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    # a bench/sft_plateau.py folder: a checkpoint, no demonstrations' export; the default recipe anchors on them
+    (tmp_path / "checkpoints" / "sft-epoch1").mkdir(parents=True)
+    monkeypatch.setenv("OPENFORGE_HOME", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"--recipe 2: sft_anchor > 0 .*add sft_anchor=0"):
+        sweep.main(["--from", str(tmp_path), "--epoch", "1", "--recipe", "sft_anchor=0", "--recipe", "rounds=1"])
+    assert not (tmp_path / "demo").exists()   # refused before any task was generated
+
+
+def test_learning_curve_refuses_seed_with_seeds(capsys):
+    spec = importlib.util.spec_from_file_location("learning_curve",
+                                                  Path(__file__).parents[1] / "bench" / "learning_curve.py")
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    for extra in (["--seeds", "2"], ["--first-seed", "1"]):
+        with pytest.raises(SystemExit) as exc:
+            curve.main(["--seed", "0", *extra])
+        assert exc.value.code == 2 and "--seed 0 names the seeds" in capsys.readouterr().err
