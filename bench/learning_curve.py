@@ -203,17 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed_list and (args.seeds is not None or args.first_seed is not None):
         ap.error(f"--seed {' --seed '.join(map(str, args.seed_list))} names the seeds; --seeds / --first-seed pick "
                  "consecutive ones instead: pass one way or the other")
-    if args.seeds is None:
-        args.seeds = 3
-    if args.first_seed is None:
-        args.first_seed = 0
+    first = args.first_seed or 0
+    seeds = args.seed_list or range(first, first + (3 if args.seeds is None else args.seeds))
     demo_args = [a for a in args.demo_args if a != "--"]
     if not any(a.split("=")[0] in ("--sft-epochs", "--sft-stage-epochs") for a in demo_args):
         demo_args = ["--sft-epochs", str(SFT_PLATEAU_EPOCHS), *demo_args]
     root = args.keep or Path(tempfile.mkdtemp(prefix="openforge-curve-"))
     per_seed, sampled_seeds = [], []
     try:
-        for seed in args.seed_list or range(args.first_seed, args.first_seed + args.seeds):
+        for seed in seeds:
             home = root / f"seed{seed}"
             home.mkdir(parents=True, exist_ok=True)
             doc = run_seed(seed, home, demo_args)

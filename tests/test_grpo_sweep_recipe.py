@@ -34,7 +34,7 @@ def test_unknown_field_and_out_of_range_value_are_refused():
 def test_an_anchored_recipe_without_demonstrations_is_refused_before_anything_runs(tmp_path, monkeypatch):
     # a bench/sft_plateau.py folder: a checkpoint, no demonstrations' export; the default recipe anchors on them
     (tmp_path / "checkpoints" / "sft-epoch1").mkdir(parents=True)
-    monkeypatch.setenv("OPENFORGE_HOME", str(tmp_path))
+    monkeypatch.setenv("OPENFORGE_HOME", str(tmp_path))   # main() sets it: restored after the test
     with pytest.raises(SystemExit, match=r"--recipe 2: sft_anchor > 0 .*add sft_anchor=0"):
         sweep.main(["--from", str(tmp_path), "--epoch", "1", "--recipe", "sft_anchor=0", "--recipe", "rounds=1"])
     assert not (tmp_path / "demo").exists()   # refused before any task was generated
