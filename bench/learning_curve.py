@@ -33,7 +33,9 @@ Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0 | --seed N ...
                                      [-- DEMO OPTIONS ...]
 With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
 back instead of re-running them (so seeds can be run one at a time and pooled at the end; ``--seed 0 --seed 2``
-picks seeds that are not consecutive).
+picks seeds that are not consecutive). A finished seed's ``demo-result.json`` and ``outcomes.json`` (its per-task
+aggregates, written on the first read of its store) are enough to pool it without the store: ``bench/results/`` keeps
+the measured seeds that way.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from openforge.loop_report import PAIRS, ROLES  # noqa: E402  (ROOT first on the
 # 23 of 48 after epochs 1-9; epoch 5 is the first that no later epoch beats by more than one task. The demo's own
 # default (3 epochs) is short of it and would hand GRPO a weakened baseline.
 SFT_PLATEAU_EPOCHS = 5
+OUTCOMES = "outcomes.json"   # a seed's per-task aggregates, beside its demo-result.json
 
 
 def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:
@@ -88,6 +91,29 @@ def aggregates(seed: int, home: Path, doc: dict, runs: dict | None = None) -> di
                 tasks = version_tasks(store, version, purpose="eval", run_ids=[run])
                 out[role] = {f"s{seed}:{t}": agg for t, agg in tasks.items()}
     return out
+
+
+def outcomes(seed: int, home: Path, doc: dict) -> tuple[dict[str, dict], dict[str, dict] | None]:
+    """(greedy, sampled or None) per-task aggregates of this seed: read from its store, and written beside
+    ``demo-result.json`` as ``OUTCOMES`` so that a seed whose store is gone (or was never copied: the two small files
+    are what ``bench/results/`` keeps) still pools."""
+    from learner import TaskAgg
+
+    saved = home / OUTCOMES
+    sampled_runs = (doc.get("sampled") or {}).get("runs")
+    if not (home / "store.sqlite").exists():
+        if not saved.exists():
+            raise SystemExit(f"seed {seed}: {home} has demo-result.json but neither store.sqlite nor {OUTCOMES}: "
+                             "the per-task outcomes cannot be pooled; remove demo-result.json there to re-run it")
+        raw = json.loads(saved.read_text())
+        load = lambda part: {role: {k: TaskAgg.from_dict(v) for k, v in tasks.items()}   # noqa: E731
+                             for role, tasks in part.items()}
+        return load(raw["greedy"]), (load(raw["sampled"]) if raw.get("sampled") else None)
+    greedy = aggregates(seed, home, doc)
+    sampled = aggregates(seed, home, doc, sampled_runs) if sampled_runs else None
+    dump = lambda part: {role: {k: a.as_dict() for k, a in tasks.items()} for role, tasks in part.items()}  # noqa
+    saved.write_text(json.dumps({"seed": seed, "greedy": dump(greedy), "sampled": dump(sampled) if sampled else None}))
+    return greedy, sampled
 
 
 def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
@@ -215,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
             home = root / f"seed{seed}"
             home.mkdir(parents=True, exist_ok=True)
             doc = run_seed(seed, home, demo_args)
-            per_seed.append((seed, doc, aggregates(seed, home, doc)))
-            if (doc.get("sampled") or {}).get("runs"):   # -- --eval-samples K: the sampled evaluation, pooled too
-                sampled_seeds.append((seed, doc, aggregates(seed, home, doc, doc["sampled"]["runs"])))
+            greedy, sampled = outcomes(seed, home, doc)
+            per_seed.append((seed, doc, greedy))
+            if sampled:   # -- --eval-samples K: the sampled evaluation, pooled too
+                sampled_seeds.append((seed, doc, sampled))
             print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
             # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
             if args.keep_checkpoints:

@@ -6,7 +6,7 @@ Everything another part (or the ``openforge`` roof) may use is here; the modules
 
 from ._analysis import SLICES, AnalysisError, analyze, rubric_summary
 from ._analysis_config import RubricConfig, RubricConfigError
-from ._compare import Difference, compare_tasks, compare_versions, mcnemar_exact, version_tasks
+from ._compare import Difference, TaskAgg, compare_tasks, compare_versions, mcnemar_exact, version_tasks
 from ._export import ExportError, export, verify
 from ._formats import EXPORTERS, Exporter, get_exporter
 from ._grpo import GrpoConfig, group_advantages, grpo_advantages, policy_lag, policy_order
@@ -27,7 +27,7 @@ from ._train import TrainError, TrainResult, train
 
 __all__ = ["AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
            "LineageError", "QueryError", "Reconstruction", "RescoreError", "RescoreResult", "RolloutRubrics",
-           "RubricConfig", "RubricConfigError", "SLICES", "Segment", "ToolStep", "TrainError", "TrainResult",
+           "RubricConfig", "RubricConfigError", "SLICES", "Segment", "TaskAgg", "ToolStep", "TrainError", "TrainResult",
            "WHY_SELF_FAILS", "analyze", "compare_tasks", "compare_versions", "comparison_rows", "export", "export_to",
            "get_exporter", "group_advantages", "grpo_advantages", "mcnemar_exact", "mismatch_by_version",
            "mismatch_pairs", "mismatch_per_rollout", "mismatch_tally", "parse_where", "pass_at_k", "pass_hat_k",

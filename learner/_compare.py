@@ -67,6 +67,19 @@ class TaskAgg:
         if facts.passed and r.efficiency is not None:
             self.efficiency.append(r.efficiency)
 
+    def as_dict(self) -> dict:
+        """JSON-ready (the tool counter as a plain mapping); :meth:`from_dict` reads it back unchanged."""
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "tools": dict(self.tools)}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping) -> TaskAgg:
+        unknown = set(doc) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"task aggregate has unknown fields {sorted(unknown)}: expected some of "
+                             f"{sorted(cls.__dataclass_fields__)} (written by TaskAgg.as_dict)")
+        return cls(**{**doc, "tools": Counter(doc.get("tools") or {}),
+                      "coverage": list(doc.get("coverage") or []), "efficiency": list(doc.get("efficiency") or [])})
+
 
 Metric = Callable[[Sequence[TaskAgg]], "float | None"]
 
