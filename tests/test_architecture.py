@@ -49,7 +49,7 @@ PUBLIC = {
                 "TaskVersion", "Validation", "backend_names", "claim_socket", "diff_versions", "generate_tasks", "get_backend",
                 "get_harness", "harness_names", "load_task", "load_tasks", "served_models", "task_families",
                 "task_version", "tasks_app", "validate_task"],
-    "learner": ["RescoreError", "RescoreResult", "WHY_SELF_FAILS", "mismatch_by_version", "mismatch_pairs",
+    "learner": ["RescoreError", "TaskAgg", "RescoreResult", "WHY_SELF_FAILS", "mismatch_by_version", "mismatch_pairs",
                 "mismatch_per_rollout", "mismatch_tally", "rescore", "self_consistency",
                 "AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",
                 "LineageError", "QueryError", "Reconstruction", "RolloutRubrics", "RubricConfig", "RubricConfigError",
