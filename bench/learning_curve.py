@@ -34,7 +34,7 @@ Usage: python bench/learning_curve.py [--seeds 3] [--first-seed 0 | --seed N ...
 With --keep DIR each seed's store and result stay there, and a second run over the same folder reads finished seeds
 back instead of re-running them (so seeds can be run one at a time and pooled at the end; ``--seed 0 --seed 2``
 picks seeds that are not consecutive). A finished seed's ``demo-result.json`` and ``outcomes.json`` (its per-task
-aggregates, written on the first read of its store) are enough to pool it without the store: ``bench/results/`` keeps
+aggregates, rewritten whenever its store is read) are enough to pool it without the store: ``bench/results/`` keeps
 the measured seeds that way.
 """
 

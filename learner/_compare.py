@@ -68,7 +68,8 @@ class TaskAgg:
             self.efficiency.append(r.efficiency)
 
     def as_dict(self) -> dict:
-        """JSON-ready (the tool counter as a plain mapping); :meth:`from_dict` reads it back unchanged."""
+        """JSON-ready (the tool counter as a plain mapping); :meth:`from_dict` reads it back unchanged. Not
+        ``dataclasses.asdict``: it rebuilds a Counter from (key, value) pairs, counting the pairs."""
         return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "tools": dict(self.tools)}
 
     @classmethod

@@ -1,11 +1,10 @@
 """bench/grpo_sweep.py's ``--recipe`` language: GrpoRecipe fields as name=value pairs, typed by the field, checked by
-the recipe's own rules; an unknown field names the fields there are. The benches' arguments that cannot go together
-are refused before anything runs."""
+the recipe's own rules; an unknown field names the fields there are. Arguments that cannot go together are refused
+before anything runs."""
 
 from __future__ import annotations
 
 import importlib.util
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -40,47 +39,3 @@ def test_an_anchored_recipe_without_demonstrations_is_refused_before_anything_ru
         sweep.main(["--from", str(tmp_path), "--epoch", "1", "--recipe", "sft_anchor=0", "--recipe", "rounds=1"])
     assert not (tmp_path / "demo").exists()   # refused before any task was generated
 
-
-def test_learning_curve_refuses_seed_with_seeds(capsys):
-    spec = importlib.util.spec_from_file_location("learning_curve",
-                                                  Path(__file__).parents[1] / "bench" / "learning_curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
-    for extra in (["--seeds", "2"], ["--first-seed", "1"]):
-        with pytest.raises(SystemExit) as exc:
-            curve.main(["--seed", "0", *extra])
-        assert exc.value.code == 2 and "--seed 0 names the seeds" in capsys.readouterr().err
-
-
-def test_learning_curve_pools_a_seed_from_its_two_files_without_the_store(tmp_path, capsys):
-    """bench/results/ keeps a measured seed as demo-result.json + outcomes.json; the pool reads them back, and a
-    seed with neither the store nor the outcomes is refused by name."""
-    import json
-
-    from learner import TaskAgg
-
-    spec = importlib.util.spec_from_file_location("learning_curve",
-                                                  Path(__file__).parents[1] / "bench" / "learning_curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
-    home = tmp_path / "seed7"
-    home.mkdir()
-    doc = {"roles": {"base": "v0", "sft": "v1", "final": "v2"}, "eval_runs": {"v0": "r0", "v1": "r1", "v2": "r2"},
-           "minutes": 12.5, "heldout_tasks": 4}
-    (home / "demo-result.json").write_text(json.dumps(doc))
-    with pytest.raises(SystemExit, match="neither store.sqlite nor outcomes.json"):
-        curve.main(["--seed", "7", "--keep", str(tmp_path), "--n-boot", "50"])
-    # SFT passes 1 of 4 tasks, the final version 3 of 4, the base none
-    agg = lambda passed, tools: TaskAgg(family="files", n=1, passed=passed, tool_calls=sum(tools.values()),  # noqa
-                                        tools=Counter(tools), coverage=[0.5], efficiency=[1.0] if passed else [])
-    roles = {"base": [0, 0, 0, 0], "sft": [1, 0, 0, 0], "final": [1, 1, 1, 0]}
-    saved = {role: {f"s7:t{i}": agg(p, {"bash": 1 + p}).as_dict() for i, p in enumerate(ps)}
-             for role, ps in roles.items()}
-    assert TaskAgg.from_dict(saved["final"]["s7:t0"]) == agg(1, {"bash": 2})   # the round trip loses nothing
-    (home / "outcomes.json").write_text(json.dumps({"seed": 7, "greedy": saved, "sampled": None}))
-    assert curve.main(["--seed", "7", "--keep", str(tmp_path), "--n-boot", "50"]) == 0
-    pool = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pooled"]
-    assert (pool["success_base"], pool["success_sft"], pool["success_final"]) == (0.0, 0.25, 0.75)
-    assert pool["final_minus_sft"] == 0.5 and pool["minutes"] == [12.5]
-    with pytest.raises(ValueError, match="unknown fields \\['passes'\\]"):
-        TaskAgg.from_dict({"passes": 1})
