@@ -56,3 +56,38 @@ def test_a_seed_pools_from_its_two_files_and_one_without_outcomes_is_refused_by_
     assert (pool["success_base"], pool["success_sft"], pool["success_final"]) == (0.0, 0.25, 0.75)
     assert pool["final_minus_sft"] == 0.5 and pool["minutes"] == [12.5]
     assert sorted(p.name for p in home.iterdir()) == ["demo-result.json", "outcomes.json"]   # read, nothing written
+
+
+_kept_spec = importlib.util.spec_from_file_location("compare_kept",
+                                                    Path(__file__).parents[1] / "bench" / "compare_kept.py")
+kept = importlib.util.module_from_spec(_kept_spec)
+_kept_spec.loader.exec_module(kept)
+
+
+def _kept_seed(folder: Path, roles: dict[str, list[int]], seed: int = 7) -> Path:
+    home = folder / f"seed{seed}"
+    home.mkdir(parents=True)
+    (home / "demo-result.json").write_text(json.dumps({"roles": {r: f"v-{r}" for r in roles}}))
+    saved = {role: {f"s{seed}:t{i}": _agg(p, {"bash": 1}).as_dict() for i, p in enumerate(ps)}
+             for role, ps in roles.items()}
+    (home / "outcomes.json").write_text(json.dumps({"seed": seed, "greedy": saved, "sampled": None}))
+    return home
+
+
+def test_versions_of_two_kept_runs_compare_paired_by_task_and_other_tasks_are_refused(tmp_path, capsys):
+    short = _kept_seed(tmp_path / "short", {"sft": [1, 0, 0, 0], "sft_extended": [1, 1, 0, 0]})
+    long = _kept_seed(tmp_path / "long", {"sft": [1, 1, 1, 0]})
+    assert kept.main([f"{short}:sft_extended", f"{long}:sft", "--n-boot", "50"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    success = next(r for r in doc["rubrics"] if r["metric"] == "success_rate")
+    assert doc["tasks"] == 4 and (success["a"], success["b"], success["diff"]) == (0.5, 0.75, 0.25)
+    assert success["paired"] and success["p_value"] == 1.0   # one task gained, none lost: McNemar's exact p
+    other = _kept_seed(tmp_path / "other", {"sft": [1, 0, 0]})
+    with pytest.raises(SystemExit, match=r"different tasks \(4 and 3; s7:t3 is in A only\)"):
+        kept.main([f"{short}:sft", f"{other}:sft"])
+    with pytest.raises(SystemExit, match="no role 'final' there; it has sft, sft_extended"):
+        kept.main([f"{short}:final", f"{long}:sft"])
+    with pytest.raises(SystemExit, match="ran no sampled evaluation"):
+        kept.main([f"{short}:sft", f"{long}:sft", "--sampled"])
+    with pytest.raises(SystemExit, match="expected SEED_DIR:ROLE"):
+        kept.main([str(short), f"{long}:sft"])
