@@ -53,10 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from openforge.loop_report import PAIRS, ROLES  # noqa: E402  (ROOT first on the path)
 # SFT's length unless the options say otherwise: where held-out success stops rising on these demonstrations.
-# bench/sft_plateau.py on the validation generation (seed 100, lr 1e-4, 2026-12-03): 8, 11, 15, 13, 23, 19, 24, 21,
-# 23 of 48 after epochs 1-9; epoch 5 is the first that no later epoch beats by more than one task. The demo's own
-# default (3 epochs) is short of it and would hand GRPO a weakened baseline.
-SFT_PLATEAU_EPOCHS = 5
+# Greedy success alone put it at 5 epochs (bench/sft_plateau.py, seed 100, lr 1e-4, 2026-12-03: 8, 11, 15, 13, 23, 19,
+# 24, 21, 23 of 48 after epochs 1-9). Sampled success (the policy GRPO trains) keeps rising past that. On seed 1
+# (README, 2026-12-06) 20 epochs beat 5 by +0.188 [+0.078, +0.302] sampled, paired by task; 26 more epochs (the
+# control) then moved nothing (-0.005 [-0.047, +0.031] sampled, 0 greedy). The demo's own default (3 epochs) is short
+# of both and would hand GRPO a weakened baseline.
+SFT_PLATEAU_EPOCHS = 20
 OUTCOMES = "outcomes.json"   # a seed's per-task aggregates, beside its demo-result.json
 
 
