@@ -91,3 +91,22 @@ def test_versions_of_two_kept_runs_compare_paired_by_task_and_other_tasks_are_re
         kept.main([f"{short}:sft", f"{long}:sft", "--sampled"])
     with pytest.raises(SystemExit, match="expected SEED_DIR:ROLE"):
         kept.main([str(short), f"{long}:sft"])
+
+
+_entropy_spec = importlib.util.spec_from_file_location("sampled_entropy",
+                                                       Path(__file__).parents[1] / "bench" / "sampled_entropy.py")
+entropy = importlib.util.module_from_spec(_entropy_spec)
+_entropy_spec.loader.exec_module(entropy)
+
+
+def test_sampled_entropy_pairs_per_task_means_and_refuses_a_seed_without_its_store(tmp_path):
+    # per task (summed surprisal, tokens): B is 0.1 nats/token above A on t0, 0.3 on t1; t2 is A's alone
+    a = {"t0": (1.0, 10), "t1": (2.0, 10), "t2": (5.0, 1)}
+    b = {"t0": (4.0, 20), "t1": (10.0, 20)}
+    diff, ci = entropy.paired(a, b, n_boot=200)
+    assert diff == pytest.approx(0.2) and ci[0] >= 0.1 - 1e-9 and ci[1] <= 0.3 + 1e-9
+    with pytest.raises(SystemExit, match="no task has sampled tokens under both versions"):
+        entropy.paired(a, {"t9": (1.0, 1)}, n_boot=10)
+    home = _kept_seed(tmp_path / "kept", {"sft": [1]})
+    with pytest.raises(SystemExit, match="needs demo-result.json and store.sqlite"):
+        entropy.main([str(home)])
