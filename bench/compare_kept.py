@@ -39,12 +39,14 @@ def side(spec: str, sampled: bool) -> tuple[str, dict]:
     home = Path(folder)
     if not sep or not folder:
         raise SystemExit(f"{spec!r}: expected SEED_DIR:ROLE (e.g. bench/results/learning-curve-2026-12-06/seed1:sft)")
+    if not home.name.removeprefix("seed").isdigit():
+        raise SystemExit(f"{spec}: {home.name} is not a seed folder (seedN, as bench/learning_curve.py --keep DIR "
+                         "names them)")
     if not (home / "demo-result.json").exists():
         raise SystemExit(f"{spec}: {home} holds no demo-result.json; pass a seed folder that bench/learning_curve.py "
                          "--keep DIR wrote (DIR/seedN)")
     doc = json.loads((home / "demo-result.json").read_text())
-    seed = int(doc.get("seed", home.name.removeprefix("seed")))
-    greedy, sampled_aggs = curve.outcomes(seed, home, doc)
+    greedy, sampled_aggs = curve.outcomes(int(home.name.removeprefix("seed")), home, doc)
     aggs = sampled_aggs if sampled else greedy
     if aggs is None:
         raise SystemExit(f"{spec}: this seed ran no sampled evaluation (--eval-samples); drop --sampled")
@@ -76,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         moved = d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)
         if d.metric == "success_rate" or moved:
             p = f"  p {d.p_value:.3f}" if d.p_value is not None else ""
-            print(f"  {d.metric:<34} {curve._fmt(d.a):>8} -> {curve._fmt(d.b):>8}  diff {curve._fmt(d.diff):>8}  "
-                  f"CI {curve._fmt(list(d.ci95) if d.ci95 else None)}{p}")
+            print(f"  {d.metric:<34} {curve.fmt(d.a):>8} -> {curve.fmt(d.b):>8}  diff {curve.fmt(d.diff):>8}  "
+                  f"CI {curve.fmt(list(d.ci95) if d.ci95 else None)}{p}")
     print(json.dumps({"a": la, "b": lb, "tasks": len(a), "sampled": args.sampled,
                       "rubrics": [d.as_dict() for d in diffs]}))
     return 0

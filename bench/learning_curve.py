@@ -182,7 +182,7 @@ def targets(pool: dict) -> dict:
     }
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -199,16 +199,16 @@ def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
     width = max(len(c) for c in cols) + 2
     print("".join(f"{h:<{width}}" for h in ["", *[f"seed {r['seed']}" for r in rows], "pooled"]))
     for c in cols:
-        print("".join(f"{x:<{width}}" for x in [c, *[_fmt(r.get(c)) for r in rows], _fmt(pool.get(c))]))
+        print("".join(f"{x:<{width}}" for x in [c, *[fmt(r.get(c)) for r in rows], fmt(pool.get(c))]))
     print("\nrubrics SFT -> final, pooled (paired by task, stratified by seed):")
     for r in pool.get("rubrics", []):
-        print(f"  {r['metric']:<34} {_fmt(r['a']):>8} -> {_fmt(r['b']):>8}  diff {_fmt(r['diff']):>8}  "
-              f"CI {_fmt(r['ci95'])}")
+        print(f"  {r['metric']:<34} {fmt(r['a']):>8} -> {fmt(r['b']):>8}  diff {fmt(r['diff']):>8}  "
+              f"CI {fmt(r['ci95'])}")
     sampled = pool.get("sampled")
     if sampled:
         print("\nsampled evaluation (--eval-samples: K rollouts a held-out task at the GRPO temperature), pooled:")
         for c in [c for c in cols if c in sampled]:
-            print(f"  {c:<34} {_fmt(sampled[c])}")
+            print(f"  {c:<34} {fmt(sampled[c])}")
     for name, verdict in goals.items():
         print(f"target {name:<48} {verdict}")
 

@@ -8,7 +8,7 @@ post-temperature logprobs.) No model is loaded: the figures come from what the p
 
 For each role of a kept learning-curve seed (``bench/learning_curve.py --keep DIR``, which keeps the store), prints the
 mean surprisal per token (all tokens pooled), the per-task mean (tokens pooled per task, then averaged over tasks)
-and the tokens read; then the difference of every role to ``sft``, paired by task with a 95% bootstrap interval.
+and the tokens read; then the difference of every other role to ``sft``, paired by task with a 95% bootstrap interval.
 The last line is one JSON object.
 
 Usage: python bench/sampled_entropy.py SEED_DIR [--n-boot 4000]
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -43,14 +42,20 @@ def per_task(store, run_id: str) -> tuple[dict[str, tuple[float, int]], int]:
     return out, missing
 
 
-def paired(a: dict, b: dict, n_boot: int, seed: int = 0) -> tuple[float, list[float]]:
-    """Mean over common tasks of (B's per-task surprisal - A's), with a bootstrap interval over tasks."""
-    diffs = [b[t][0] / b[t][1] - a[t][0] / a[t][1] for t in sorted(set(a) & set(b)) if a[t][1] and b[t][1]]
-    if not diffs:
+def paired(a: dict, b: dict, n_boot: int) -> tuple[float, list[float]]:
+    """Mean over common tasks of (B's per-task surprisal - A's), with the loop's paired bootstrap over tasks
+    (``learner._compare.bootstrap``, what ``compare_tasks`` uses)."""
+    from learner._compare import bootstrap
+
+    if not set(a) & set(b):
         raise SystemExit("no task has sampled tokens under both versions")
-    rng = random.Random(seed)
-    boots = sorted(sum(rng.choices(diffs, k=len(diffs))) / len(diffs) for _ in range(n_boot))
-    return sum(diffs) / len(diffs), [boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]]
+    va, vb, ci, _ = bootstrap(a, b, _task_mean, n_boot=n_boot)
+    return vb - va, list(ci)
+
+
+def _task_mean(tasks: list[tuple[float, int]]) -> float:
+    """Per-task surprisal per token, averaged over tasks (``per_task`` holds only tasks with tokens)."""
+    return sum(s / n for s, n in tasks) / len(tasks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,18 +84,19 @@ def main(argv: list[str] | None = None) -> int:
             tokens = sum(n for _, n in t.values())
             rows[role] = {"version": version, "tokens": tokens, "calls_without_logprobs": missing,
                           "surprisal_per_token": sum(s for s, _ in t.values()) / tokens if tokens else None,
-                          "surprisal_task_mean": (sum(s / n for s, n in t.values() if n) / sum(1 for _, n in t.values() if n)
-                                                  if tokens else None)}
+                          "surprisal_task_mean": _task_mean(list(t.values())) if t else None}
     print(f"{'role':<14} {'version':<34} {'tokens':>8} {'nats/token':>11} {'task mean':>10}")
     for role, r in rows.items():
+        if not r["tokens"]:
+            print(f"{role:<14} {r['version']:<34} {0:>8} {'-':>11} {'-':>10}  (no logprobs recorded)")
+            continue
         print(f"{role:<14} {r['version']:<34} {r['tokens']:>8} {r['surprisal_per_token']:>11.4f} "
               f"{r['surprisal_task_mean']:>10.4f}")
-    if "sft" in tasks:
-        for role in tasks:
-            if role not in ("sft", "base"):
-                d, ci = paired(tasks["sft"], tasks[role], args.n_boot)
-                rows[role]["minus_sft"], rows[role]["minus_sft_ci95"] = d, ci
-                print(f"{role} - sft, paired by task: {d:+.4f} nats/token [{ci[0]:+.4f}, {ci[1]:+.4f}]")
+    if tasks.get("sft"):
+        for role in [r for r in tasks if r != "sft" and tasks[r]]:
+            d, ci = paired(tasks["sft"], tasks[role], args.n_boot)
+            rows[role]["minus_sft"], rows[role]["minus_sft_ci95"] = d, ci
+            print(f"{role} - sft, paired by task: {d:+.4f} nats/token [{ci[0]:+.4f}, {ci[1]:+.4f}]")
     print(json.dumps({"home": str(args.home), "roles": rows}))
     return 0
 

@@ -91,6 +91,8 @@ def test_versions_of_two_kept_runs_compare_paired_by_task_and_other_tasks_are_re
         kept.main([f"{short}:sft", f"{long}:sft", "--sampled"])
     with pytest.raises(SystemExit, match="expected SEED_DIR:ROLE"):
         kept.main([str(short), f"{long}:sft"])
+    with pytest.raises(SystemExit, match="short is not a seed folder"):
+        kept.main([f"{short.parent}:sft", f"{long}:sft"])
 
 
 _entropy_spec = importlib.util.spec_from_file_location("sampled_entropy",
