@@ -11,7 +11,12 @@ intervals). Seeds 100 and 101 are none of ``bench/learning_curve.py``'s (0-2), s
 to the tasks the loop reports on.
 
 Usage: python bench/grpo_sweep.py --from DIR (--epoch N | --sft VERSION --seed S) [--pool-seed 101] [--pool-tasks 48]
-       [--eval-rounds] --recipe "temperature=0.8,negative_weight=0,call_cost=0.1" [--recipe ...]
+       [--loop-pool N] [--eval-samples K] [--eval-rounds] --recipe "temperature=0.8,negative_weight=0" [--recipe ...]
+From a ``bench/learning_curve.py --keep DIR --keep-checkpoints`` seed folder (``--from DIR/seedS --sft VERSION --seed
+S``), ``--loop-pool N`` draws the rounds' tasks as that loop did (its own N train tasks, the undemonstrated ones
+first) instead of another generation's, and ``--eval-samples K`` adds the loop's sampled evaluation (K rollouts a
+held-out task at the recipe's temperature), compared with the SFT version's own sampled run (read from the folder's
+``demo-result.json``): so a recipe costs its rounds and one evaluation, not another SFT.
 With ``--pool-tasks`` equal to the recipe's ``tasks_per_round`` every round draws the same tasks: whether the rounds
 raise success on what they train on (``train`` in a recipe's row) is the check that the update climbs its reward at
 all, before asking it to generalise.
@@ -66,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-seed", type=int, default=101)
     ap.add_argument("--pool-tasks", type=int, default=48)
     ap.add_argument("--heldout-tasks", type=int, default=48)
+    ap.add_argument("--loop-pool", type=int, default=0, metavar="N", help="draw from the loop's own pool of seed "
+                    "--seed (N train tasks, 48 of them demonstrated; undemonstrated first) instead of --pool-seed's")
+    ap.add_argument("--eval-samples", type=int, default=0, metavar="K", help="also evaluate K rollouts a held-out "
+                    "task at the recipe's temperature, against the SFT version's sampled run in DIR/demo-result.json")
     ap.add_argument("--recipe", action="append", required=True)
     ap.add_argument("--n-boot", type=int, default=4000)
     ap.add_argument("--eval-rounds", action="store_true", help="evaluate every round's version on the held-out "
@@ -73,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if (args.epoch is None) == (args.sft is None):
         ap.error("pass --epoch N (a bench/sft_plateau.py folder's sft-epochN) or --sft VERSION, one of them")
+    if args.eval_samples == 1 or args.eval_samples < 0:
+        ap.error(f"--eval-samples {args.eval_samples}: pass 0 (greedy only) or 2 or more rollouts a task")
+    if args.loop_pool and args.loop_pool <= 48:
+        ap.error(f"--loop-pool {args.loop_pool}: the loop's train tasks include its 48 demonstrated ones; pass the "
+                 "--train-tasks the loop ran with (96 by default)")
     recipes = [parse_recipe(r) for r in args.recipe]
     os.environ["OPENFORGE_HOME"] = str(args.home)
     doc = run(args, recipes)
@@ -84,7 +98,7 @@ def run(args, recipes) -> dict:
     from rich.console import Console
 
     from learner import TrainResult, version_tasks
-    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop import LearningLoop, LoopConfig, grpo_pool
     from openforge.loop_sampling import RoundSampler
     from openforge.loop_session import Session
 
@@ -100,12 +114,17 @@ def run(args, recipes) -> dict:
         raise SystemExit(f"--recipe {', '.join(map(str, anchored))}: sft_anchor > 0 (the default) trains on the "
                          f"demonstrations' SFT export, and {home / 'demo' / 'shards'} holds none (sft-*); add "
                          "sft_anchor=0 to the recipe, or start from a bench/learning_curve.py --keep seed folder")
-    base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
-                          demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
-    _, _, heldout = LearningLoop(base_cfg, console).tasks()
-    pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
-                                   heldout_tasks=4)
-    pool, _, _ = LearningLoop(pool_cfg, console).tasks()
+    base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
+                          demo_tasks=48 if args.loop_pool else args.heldout_tasks, heldout_tasks=args.heldout_tasks,
+                          port=0, control=False, eval_samples=args.eval_samples)
+    train, demos, heldout = LearningLoop(base_cfg, console).tasks()
+    if args.loop_pool:   # the loop's own order: the undemonstrated train tasks first
+        pool = grpo_pool(train, demos)
+    else:
+        pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
+                                       heldout_tasks=4)
+        pool, _, _ = LearningLoop(pool_cfg, console).tasks()
+    sft_sampled = _sft_sampled_run(home, sft) if args.eval_samples else None
     out = {"sft": {"version": sft}, "recipes": []}
     with ExitStack() as stack:
         holder = LearningLoop(base_cfg, console)
@@ -115,6 +134,10 @@ def run(args, recipes) -> dict:
         if not sft_tasks:
             raise SystemExit(f"{sft} has no evaluation in {home}'s store")
         out["sft"]["success"] = sum(a.passed for a in sft_tasks.values()) / sum(a.n for a in sft_tasks.values())
+        sft_sampled_tasks = version_tasks(s.store, sft, purpose="eval", run_ids=[sft_sampled]) if sft_sampled else None
+        if sft_sampled_tasks is not None:
+            out["sft"]["sampled_success"] = (sum(a.passed for a in sft_sampled_tasks.values())
+                                             / sum(a.n for a in sft_sampled_tasks.values()))
         for i, recipe in enumerate(recipes):
             t0 = time.monotonic()
             cfg = dataclasses.replace(base_cfg, recipe=recipe, tag=f"sweep{int(time.time())}-{i}")
@@ -137,15 +160,20 @@ def run(args, recipes) -> dict:
                                        "train": _train_curve(loop)})
                 continue
             success, moved = _versus(s, loop, current, heldout, sft_tasks, args.n_boot)
+            sampled = _sampled_versus(s, loop, current, sft_sampled_tasks, args.n_boot)
             row = {"recipe": recipe.as_dict(), "final": current, "success": success.b, "curve": curve,
                    "final_minus_sft": success.diff, "ci95": list(success.ci95) if success.ci95 else None,
                    "p": success.p_value, "ratios": loop.report.ratios, "moved": moved,
                    "minutes": round((time.monotonic() - t0) / 60, 2), "notes": loop.report.notes,
-                   "train": _train_curve(loop), "draws": loop.report.draws}
+                   "train": _train_curve(loop), "draws": loop.report.draws, **({"sampled": sampled} if sampled else {})}
             out["recipes"].append(row)
             console.print(f"[bold]recipe {i}[/] {args.recipe[i]}: {sft} {success.a:.3f} -> {current} {success.b:.3f}, "
                           f"diff {success.diff:+.3f} {row['ci95']} p {success.p_value}; moved: "
                           f"{', '.join(m['metric'] for m in moved) or 'nothing'} ({row['minutes']} min)")
+            if sampled:
+                console.print(f"  sampled: {sampled['sft']:.3f} -> {sampled['success']:.3f}, diff "
+                              f"{sampled['final_minus_sft']:+.3f} {sampled['ci95']}; moved: "
+                              f"{', '.join(m['metric'] for m in sampled['moved']) or 'nothing'}")
             print(json.dumps(row), flush=True)
     return out
 
@@ -156,6 +184,32 @@ def _train_curve(loop) -> list[dict]:
     policy's success on what it trains on, round by round."""
     return [{"version": row.version, "successes": row.train.successes, "n": row.train.n}
             for row in loop.report.rows if row.train.n]
+
+
+def _sft_sampled_run(home: Path, sft: str) -> str:
+    """The SFT version's sampled evaluation run, from the seed folder's ``demo-result.json`` (the loop's
+    ``sampled.runs``)."""
+    path = home / "demo-result.json"
+    runs = (json.loads(path.read_text()).get("sampled") or {}).get("runs") if path.is_file() else None
+    run = (runs or {}).get(sft)
+    if not run:
+        raise SystemExit(f"--eval-samples: {path} names no sampled evaluation run of {sft}; start from a "
+                         "bench/learning_curve.py seed folder run with `-- --eval-samples K`, or leave --eval-samples out")
+    return run
+
+
+def _sampled_versus(s, loop, version: str, sft_tasks, n_boot: int) -> dict | None:
+    """The sampled evaluation ``loop.evaluate`` ran for ``version``, compared with SFT's, paired by task."""
+    from learner import compare_tasks, version_tasks
+
+    run = loop.report.sampled_runs.get(version)
+    if not run or sft_tasks is None:
+        return None
+    diffs = compare_tasks(sft_tasks, version_tasks(s.store, version, purpose="eval", run_ids=[run]), n_boot=n_boot)
+    success = next(d for d in diffs if d.metric == "success_rate")
+    return {"run": run, "sft": success.a, "success": success.b, "final_minus_sft": success.diff,
+            "ci95": list(success.ci95) if success.ci95 else None,
+            "moved": [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]}
 
 
 def _versus(s, loop, version: str, heldout, sft_tasks, n_boot: int):

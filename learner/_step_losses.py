@@ -4,7 +4,10 @@
 surrogate with asymmetric clipping (``clip_low`` / ``clip_high``, DAPO's clip-higher when they differ), the dual
 clip ``clip_c`` for negative advantages, the log-ratio clamped to [-20, 20], optional per-token
 ``rollout_is_weights``. ``agg_loss`` is veRL's ``agg_loss`` for one data-parallel rank: ``token-mean``, ``token-sum``,
-``seq-mean-token-sum``, ``seq-mean-token-mean`` and ``seq-mean-token-sum-norm`` (Dr. GRPO). The micro-batch totals
+``seq-mean-token-sum``, ``seq-mean-token-mean`` and ``seq-mean-token-sum-norm`` (Dr. GRPO). ``kl_penalty`` is
+veRL's ``kl_penalty`` (the per-token estimate of KL(policy || reference) its actor adds to the policy loss, times
+``kl_loss_coef``, when ``use_kl_loss`` is on: ``k1`` / ``kl``, ``abs``, ``k2`` / ``mse``, ``k3`` / ``low_var_kl``,
+GRPO's choice). The micro-batch totals
 (``batch_num_tokens``, ``global_batch_size``) are passed in, as veRL's ``global_batch_info`` does, so that a
 mini-batch split into micro-batches sums to the loss of the whole mini-batch.
 
@@ -19,6 +22,7 @@ by path in another environment).
 from __future__ import annotations
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("low_var_kl", "k3", "kl", "k1", "abs", "mse", "k2", "k3+", "low_var_kl+", "k1+", "kl+")
 
 
 def masked_sum(torch, values, mask):
@@ -71,3 +75,25 @@ def policy_loss(torch, old_log_prob, log_prob, advantages, response_mask, *, mod
         metrics = {"clipfrac": float(torch.sum(torch.gt(losses2, losses1).float() * response_mask) / n),
                    "ppo_kl": float(torch.sum(-neg_kl * response_mask) / n)}
     return agg_loss(torch, losses, response_mask, mode, **agg), metrics
+
+
+def kl_penalty(torch, log_prob, ref_log_prob, kind: str = "low_var_kl"):
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probabilities, as veRL's
+    ``kl_penalty``: ``k1`` is log p - log q; ``k2`` half its square; ``k3`` (``low_var_kl``, Schulman's unbiased,
+    non-negative estimator) q/p - log(q/p) - 1, with the log-ratio clamped to [-20, 20] and the result to [-10, 10].
+    A trailing ``+`` (``k3+``) keeps the value and takes k2's gradient (veRL's straight-through: k2's gradient is
+    the unbiased one of KL)."""
+    if kind.endswith("+") and kind[:-1] in KL_TYPES:
+        value = kl_penalty(torch, log_prob, ref_log_prob, kind[:-1])
+        k2 = 0.5 * (log_prob - ref_log_prob).square()
+        return k2 - k2.detach() + value.detach()
+    if kind in ("kl", "k1"):
+        return log_prob - ref_log_prob
+    if kind == "abs":
+        return (log_prob - ref_log_prob).abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * (log_prob - ref_log_prob).square()
+    if kind in ("low_var_kl", "k3"):
+        kl = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
+        return torch.clamp(torch.exp(kl) - kl - 1, min=-10.0, max=10.0)
+    raise ValueError(f"kl type {kind!r}: use one of {', '.join(KL_TYPES)}")

@@ -170,6 +170,21 @@ def _anchors(anchor: Path | None, coef: float | None, algo: str) -> tuple[list[d
     return [{"messages": r["messages"], "tools": r["tools"]} for r in rows], manifest
 
 
+def _reference(store: Store, reference: str | None, coef: float | None, algo: str) -> Path | None:
+    """The KL term's reference checkpoint folder, or None when no KL term is asked."""
+    if reference is None and not coef:
+        return None
+    if algo != "grpo" or reference is None or not (coef or 0) > 0:
+        raise TrainError(f"reference {reference!r} with a {algo} update and kl_coef {coef}: a KL term belongs to GRPO "
+                         "updates and needs a reference policy version and a positive kl_coef (e.g. the SFT "
+                         "version and 0.001), or neither")
+    rows = {r["id"]: r for r in store.lineage("policy_versions")}
+    if reference not in rows:
+        raise TrainError(f"reference {reference!r} is not a policy version in the store; known: "
+                         f"{', '.join(rows) or '(none)'}")
+    return _checkpoint(rows[reference], None)
+
+
 def _policy_id(parent_row: dict, base: Path, algorithm: str, global_step: int, sha: str) -> str:
     name = re.sub(r"[^a-z0-9]+", "-", (parent_row.get("model_name") or base.name).lower()).strip("-")
     return f"{name}-{algorithm}-s{global_step}-{sha[:8]}"
@@ -181,8 +196,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
           optimizer_state: Path | None = None, loss_agg: str | None = None, clip_low: float | None = None,
           clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None,
           train_layers: int | None = None, anchor: Path | None = None, anchor_coef: float | None = None,
-          anchor_batch_size: int | None = None, seed: int | None = None, policy_id: str | None = None,
-          timeout_s: float = 3600,
+          anchor_batch_size: int | None = None, kl_coef: float | None = None, reference: str | None = None,
+          seed: int | None = None, policy_id: str | None = None, timeout_s: float = 3600,
           progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
 
@@ -196,7 +211,9 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     low-rank adapter on every projection and merges it (no optimizer state then). ``train_layers`` trains only the
     last that many decoder blocks and the final norm (the backward pass stops below them). ``anchor`` (GRPO) is an
     SFT export whose assistant loss, times ``anchor_coef``, joins every GRPO step (InstructGPT's PPO-ptx), over
-    ``anchor_batch_size`` of its conversations a step (the step's default: 8). ``seed``
+    ``anchor_batch_size`` of its conversations a step (the step's default: 8). ``reference`` (GRPO) is a policy
+    version (with its checkpoint on this machine, e.g. the SFT version a chain of rounds started from) and
+    ``kl_coef`` the weight of veRL's KL loss to it (k3 over the sampled tokens; both or neither). ``seed``
     seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
@@ -211,6 +228,7 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     if algo == "grpo":
         _refuse_zero_advantages(shard, manifest, rows)
     anchors, anchor_manifest = _anchors(anchor, anchor_coef, algo)
+    ref_dir = _reference(store, reference, kl_coef, algo)
     parent_id = _parent(algo, rows, parent, base)
     parent_row = _policy(store, parent_id)
     base_dir = _checkpoint(parent_row, base)
@@ -221,7 +239,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                         ("--clip-high", clip_high), ("--negative-weight", negative_weight),
                         ("--lora-rank", lora_rank), ("--train-layers", train_layers),
                         ("--anchor-coef", anchor_coef if anchors else None),
-                        ("--anchor-batch-size", anchor_batch_size if anchors else None), ("--seed", seed)):
+                        ("--anchor-batch-size", anchor_batch_size if anchors else None),
+                        ("--ref", ref_dir), ("--kl-coef", kl_coef if ref_dir else None), ("--seed", seed)):
         if value is not None:
             args += [flag, str(value)]
     keys = (("messages", "tools") if algo == "sft" else
@@ -239,6 +258,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
                           "shard": str(Path(anchor).resolve()), "conversations": len(anchors)}
     if correction:
         step["rollout_correction"] = correction
+    if ref_dir:
+        step["kl"] = {**step.get("kl", {}), "reference": reference, "checkpoint": str(ref_dir)}
     global_step = int(parent_row.get("global_step") or 0) + int(step["steps"])
     pid = policy_id or _policy_id(parent_row, base_dir, algo, global_step, step["checkpoint_sha256"])
     meta = {"parent": parent_id, "algorithm": algo, "export_id": manifest["export_id"], "shard": str(shard.resolve()),

@@ -7,8 +7,10 @@ vLLM CPU one); ``learner.train`` prepares the samples (a JSON-lines file) from a
 
 **GRPO.** Each sample is one exported segment: ``prompt_ids``, ``response_ids``, ``response_mask`` (1 = the policy's
 tokens), ``response_logprobs`` (the engine's, for the sampled tokens) and ``advantage``. Departures from the GRPO
-paper, as veRL's defaults: no KL term and no reference model; the loss is the PPO-clip surrogate averaged over every
-masked token of a batch (token-mean); by default the whole shard is one batch (one optimizer step). A sample without
+paper, as veRL's defaults: no KL term and no reference model unless ``--ref DIR --kl-coef C`` asks for one (then
+veRL's ``use_kl_loss``: C times the aggregated ``--kl-type`` estimate of KL(policy || reference) over the sampled
+tokens joins the loss, the reference's log-probabilities from a frozen copy in the same precision); the loss is the
+PPO-clip surrogate averaged over every masked token of a batch (token-mean); by default the whole shard is one batch (one optimizer step). A sample without
 logprobs (the exporter writes null for calls the engine gave none) is trained as on-policy: its ratio is 1
 (``exp(logp - logp.detach())``), which leaves the plain policy gradient; the count is reported, and those samples
 stay out of the ratio figure. ``importance_ratio_mean`` is exp(trainer logprob - engine logprob) averaged over the
@@ -40,15 +42,17 @@ try:
     from . import _lora as lora
     from ._freeze import FreezeError, train_top
     from ._sft_tokens import StepError, sft_tokens
+    from ._step_args import parse
     from ._step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
-    from ._step_losses import LOSS_AGG_MODES, policy_loss
+    from ._step_losses import agg_loss, kl_penalty, policy_loss
     from ._step_save import save
 except ImportError:   # run by path (python learner/train_step.py): its folder is on sys.path
     import _lora as lora
     from _freeze import FreezeError, train_top
     from _sft_tokens import StepError, sft_tokens
+    from _step_args import parse
     from _step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
-    from _step_losses import LOSS_AGG_MODES, policy_loss
+    from _step_losses import agg_loss, kl_penalty, policy_loss
     from _step_save import save
 
 # seconds per (token x parameter) of a forward and backward pass, SmolLM2-135M on this 2-core machine: fp32 7.7 s for
@@ -123,7 +127,7 @@ def grpo_loss(torch, model, batch: list[dict], horizon: int) -> tuple[float, lis
     n_tokens = sum(sum(s["response_mask"]) for s in batch)
     agg = {"batch_num_tokens": n_tokens, "global_batch_size": sum(1 for s in batch if sum(s["response_mask"])),
            "loss_scale_factor": horizon}
-    total, ratios, clip = 0.0, [], 0.0
+    total, ratios, clip, kl = 0.0, [], 0.0, 0.0
     for micro in micro_batches(batch, lambda s: len(s["prompt_ids"]) + len(s["response_ids"])):
         positions = [_policy_positions(s) for s in micro]
         logps = token_logprobs(torch, model, [s["prompt_ids"] + s["response_ids"] for s in micro], positions)
@@ -146,10 +150,18 @@ def grpo_loss(torch, model, batch: list[dict], horizon: int) -> tuple[float, lis
                 s["response_mask"]), s["response_mask"]) if m] for s in micro])
         loss, metrics = policy_loss(torch, old_t, logp, adv, mask, mode=ARGS.loss_agg, clip_low=ARGS.clip_low,
                                     clip_high=ARGS.clip_high, clip_c=ARGS.clip_c, rollout_is_weights=weights, **agg)
+        if REF is not None:   # veRL's use_kl_loss: + kl_loss_coef * agg_loss(kl_penalty(logp, ref_logp))
+            with torch.no_grad():
+                ref = torch.nn.utils.rnn.pad_sequence(token_logprobs(torch, REF, [s["prompt_ids"] + s["response_ids"]
+                                                                                 for s in micro], positions), True)
+            kld = kl_penalty(torch, logp, ref, ARGS.kl_type)
+            loss = loss + ARGS.kl_coef * agg_loss(torch, kld, mask, ARGS.loss_agg, **agg)
+            kl += float((kld.detach() * mask).sum())
         loss.backward()
         total += float(loss)
         clip += metrics["clipfrac"] * float(mask.sum())
-    return total, ratios, n_tokens, {"clipfrac": clip / max(n_tokens, 1)}
+    return total, ratios, n_tokens, {"clipfrac": clip / max(n_tokens, 1),
+                                     **({"kl": kl / max(n_tokens, 1)} if REF is not None else {})}
 
 
 # ---- the loop, shared ----
@@ -233,8 +245,9 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
     if not fits:
         raise StepError("no sample has policy tokens within --max-len")
     fits = weigh_negatives(fits, ARGS.negative_weight)
-    # No KL and no entropy term: a zero-advantage sample's gradient is exactly zero, so it is not computed (DAPO's
-    # dynamic sampling drops such groups too); it would only have enlarged token-mean's denominator.
+    # No entropy term and, by default, no KL: a zero-advantage sample's policy gradient is exactly zero, so it is not
+    # computed (DAPO's dynamic sampling drops such groups too); it would only have enlarged token-mean's denominator.
+    # With --kl-coef such a sample would add only KL pull; the samples with signal carry that term too.
     used = [s for s in fits if s["advantage"] != 0] if ARGS.drop_zero_advantage else fits
     if not used:
         raise StepError("every sample has advantage 0: nothing to learn from")
@@ -242,9 +255,12 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
     batches = schedule(len(used), ARGS.batch_size or len(used), ARGS.epochs, ARGS.steps, ARGS.seed)
 
     anchors, anchor_losses = (anchor_batches(tok, len(batches)) if ARGS.anchor_samples else []), []
+    kls = []
 
     def step(idx):
         loss, ratios, _, metrics = grpo_loss(torch, model, [used[i] for i in idx], horizon)
+        if "kl" in metrics:
+            kls.append(metrics.pop("kl"))
         if anchors:   # PPO-ptx: the demonstrations' SFT loss, weighted, in the same optimizer step
             anchor_losses.append(sft_loss(torch, model, anchors[len(anchor_losses)], scale=ARGS.anchor_coef)[0])
         return loss, {"importance_ratio_mean": sum(r for r, _ in ratios) / len(ratios) if ratios else None,
@@ -254,6 +270,9 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
     out = run(torch, model, batches, step, lambda b: sum(len(used[i]["prompt_ids"]) + len(used[i]["response_ids"])
                                                          for i in b), params)
     out["mean_ratio"] = out.get("importance_ratio_mean")   # the name earlier versions reported
+    if kls:   # the KL estimate (--kl-type) to the reference over each step's policy tokens, before its update
+        out["kl"] = {"coef": ARGS.kl_coef, "type": ARGS.kl_type, "reference": ARGS.ref, "first": kls[0],
+                     "last": kls[-1], "mean": sum(kls) / len(kls)}
     if anchor_losses:
         out["anchor"] = {"coef": ARGS.anchor_coef, "loss_first": anchor_losses[0], "loss_last": anchor_losses[-1],
                          "batch_size": ARGS.anchor_batch_size}
@@ -280,81 +299,12 @@ def train_sft(torch, model, tok, samples: list[dict], params: int) -> dict:
             "assistant_tokens": sum(sum(1 for x in e[1][1:] if x != -100) for e in used), **out}
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algorithm", choices=("grpo", "sft"), default="grpo")
-    ap.add_argument("--samples", required=True)
-    ap.add_argument("--base", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--lr", type=float, default=None, help="default: 1e-5 (grpo), 1e-4 (sft)")
-    ap.add_argument("--epochs", type=int, default=None, help="passes over the samples; default: 1 (grpo), 3 (sft)")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (instead of --epochs)")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: the whole shard (grpo), 8 (sft)")
-    ap.add_argument("--max-seconds", type=float, default=None, help="stop after the step that spends this much "
-                    "training time (the steps of --epochs / --steps are the most it takes)")
-    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                    help="bf16: the transformer under bfloat16 autocast (float32 weights, optimizer and output "
-                    "layer), about 2x faster on a CPU with native bfloat16 (AVX-512 BF16 / AMX) and about 60x "
-                    "SLOWER on one without (an AVX2-only CPU emulates it); fp32: float32 throughout; auto (the "
-                    "default): bf16 where oneDNN has native bfloat16, else fp32")
-    ap.add_argument("--optimizer-state", default=None, help="AdamW's state: resumed from this file when it exists, "
-                    "written there after the update")
-    ap.add_argument("--loss-agg", choices=LOSS_AGG_MODES, default="token-mean", help="veRL's loss_agg_mode (grpo)")
-    ap.add_argument("--clip", type=float, default=None, help="sets --clip-low and --clip-high")
-    ap.add_argument("--clip-low", type=float, default=0.2)
-    ap.add_argument("--clip-high", type=float, default=0.2)
-    ap.add_argument("--clip-c", type=float, default=3.0, help="dual-clip bound for negative advantages (veRL: 3)")
-    ap.add_argument("--negative-weight", type=float, default=1.0,
-                    help="scale of negative advantages (1: GRPO; 0: only better-than-average samples train)")
-    ap.add_argument("--keep-zero-advantage", dest="drop_zero_advantage", action="store_false",
-                    help="compute zero-advantage samples too (their gradient is zero; they only enlarge "
-                    "token-mean's denominator)")
-    ap.add_argument("--lora-rank", type=int, default=0, help="train a rank-r adapter on every attention and MLP "
-                    "projection, merged into the weights at the end (0: every weight, the default)")
-    ap.add_argument("--lora-alpha", type=float, default=32.0, help="the adapter's scale is alpha / rank")
-    ap.add_argument("--train-layers", type=int, default=0, help="train only the last K decoder blocks and the final "
-                    "norm, the rest frozen (the backward pass stops below them: about 2x faster with 10 of 30, and "
-                    "slower to learn, see learner/_freeze.py); 0: every weight, the default")
-    ap.add_argument("--anchor-samples", default=None, help="grpo: SFT conversations (JSON lines of messages, "
-                    "tools) whose assistant loss, times --anchor-coef, joins every GRPO step (InstructGPT's PPO-ptx: "
-                    "the policy stays near its demonstrations while the policy gradient moves it)")
-    ap.add_argument("--anchor-coef", type=float, default=0.0, help="weight of the anchor's SFT loss (e.g. 0.5)")
-    ap.add_argument("--anchor-batch-size", type=int, default=8, help="anchor conversations per GRPO step")
-    ap.add_argument("--max-len", type=int, default=8192)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    sft = args.algorithm == "sft"
-    args.lr = args.lr if args.lr is not None else (1e-4 if sft else 1e-5)
-    args.epochs = args.epochs if args.epochs is not None else (3 if sft else 1)
-    if args.clip is not None:
-        args.clip_low = args.clip_high = args.clip
-    for name in ("epochs", "steps", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: pass 1 or more")
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        ap.error(f"--max-seconds {args.max_seconds}: pass a positive number of seconds")
-    if not 0 <= args.negative_weight <= 1:
-        ap.error(f"--negative-weight {args.negative_weight}: a scale of negative advantages in [0, 1] (1: GRPO)")
-    if args.anchor_samples and (sft or not args.anchor_coef > 0 or args.anchor_batch_size < 1):
-        ap.error(f"--anchor-samples with --algorithm {args.algorithm}, --anchor-coef {args.anchor_coef}, "
-                 f"--anchor-batch-size {args.anchor_batch_size}: an anchor joins GRPO steps only, with a positive "
-                 "weight and 1 or more conversations a step (e.g. --anchor-coef 0.5 --anchor-batch-size 8)")
-    if args.lora_rank < 0:
-        ap.error(f"--lora-rank {args.lora_rank}: pass 0 (every weight) or a rank of 1 or more")
-    if args.lora_rank and args.train_layers:
-        ap.error("--lora-rank with --train-layers: the adapters wrap every block, so nothing is cut from the backward "
-                 "pass; leave one of them out")
-    if args.lora_rank and args.optimizer_state:
-        ap.error("--lora-rank with --optimizer-state: each LoRA update trains a new adapter and merges it, so no "
-                 "optimizer state carries over; leave one of them out")
-    return args
-
-
 ARGS: argparse.Namespace
+REF = None   # --ref: the reference model of the KL term (frozen, eval mode)
 
 
 def main(argv: list[str] | None = None) -> int:
-    global ARGS
+    global ARGS, REF
     ARGS = parse(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -370,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     samples = [json.loads(line) for line in Path(ARGS.samples).read_text().splitlines() if line.strip()]
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.train()
+    if ARGS.ref:
+        REF = AutoModelForCausalLM.from_pretrained(ARGS.ref, dtype=torch.float32).eval().requires_grad_(False)
     params = sum(p.numel() for p in model.parameters())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     handles = lora.attach(torch, model, ARGS.lora_rank, ARGS.lora_alpha) if ARGS.lora_rank else []

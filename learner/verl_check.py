@@ -290,8 +290,30 @@ def policy_loss_check(tol: float = 1e-6) -> int:
                 entry["equal"] = max(entry["loss_diff"], entry["grad_diff"], entry["micro_diff"]) <= tol
                 report["ok"] &= entry["equal"]
                 report["cases"].append(entry)
+    report["kl_cases"] = _kl_cases(torch, ours, old, new, mask, tol)
+    report["ok"] &= all(c["equal"] for c in report["kl_cases"])
     print(json.dumps(report, indent=1))
     return 0 if report["ok"] else 1
+
+
+def _kl_cases(torch, ours, ref, new, mask, tol: float) -> list[dict]:
+    """Our ``kl_penalty`` against veRL's ``core_algos.kl_penalty`` for every estimator it names, value and gradient,
+    and the KL loss the actor adds (aggregated token-mean, as veRL's ``agg_loss`` default)."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    cases = []
+    for kind in ours.KL_TYPES:
+        lv, lo = new.clone().requires_grad_(True), new.clone().requires_grad_(True)
+        kv, ko = kl_penalty(lv, ref, kind), ours.kl_penalty(torch, lo, ref, kind)
+        loss_v = agg_loss(loss_mat=kv, loss_mask=mask, loss_agg_mode="token-mean")
+        loss_o = ours.agg_loss(torch, ko, mask, "token-mean")
+        loss_v.backward()
+        loss_o.backward()
+        entry = {"kind": kind, "value_diff": float((kv - ko).abs().max()), "verl_loss": float(loss_v),
+                 "loss_diff": abs(float(loss_v) - float(loss_o)), "grad_diff": float((lv.grad - lo.grad).abs().max())}
+        entry["equal"] = max(entry["value_diff"], entry["loss_diff"], entry["grad_diff"]) <= tol
+        cases.append(entry)
+    return cases
 
 
 def rollout_corr_check(path: str, tol: float = 1e-5) -> int:

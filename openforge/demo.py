@@ -75,6 +75,9 @@ def demo_command(
                                      "SFT loss joined to every GRPO step (PPO-ptx; 0: none)."),
     anchor_batch_size: int = typer.Option(GrpoRecipe.anchor_batch_size, "--anchor-batch-size", help="Demonstrations "
                                           "in each GRPO step's anchor loss (--sft-anchor); each costs a sample pass."),
+    kl_coef: float = typer.Option(GrpoRecipe.kl_coef, "--kl-coef", help="Weight of a KL(policy || SFT) term in "
+                                  "every GRPO step (veRL's low_var_kl; 0: none; e.g. 0.01). Costs a reference "
+                                  "forward pass a sample."),
     success_only: bool = typer.Option(GrpoRecipe.success_only, "--success-only", help="GRPO's advantages from "
                                       "success or failure alone (reward 1 or not), not the verifier's partial credit."),
     dr_grpo: bool = typer.Option(False, "--dr-grpo", help="Advantages mean-centred only (no division by the "
@@ -120,7 +123,7 @@ def demo_command(
                                     negative_weight=negative_weight, norm_by_std=not dr_grpo, keep_optimizer=not fresh_optimizer,
                                     lora_rank=lora_rank, call_cost=call_cost, success_only=success_only,
                                     train_layers=train_layers,
-                                    sft_anchor=sft_anchor, anchor_batch_size=anchor_batch_size)
+                                    sft_anchor=sft_anchor, anchor_batch_size=anchor_batch_size, kl_coef=kl_coef)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
                             eval_samples=eval_samples,

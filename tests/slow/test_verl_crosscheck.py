@@ -146,7 +146,8 @@ def test_grpo_and_agent_loop_output_match_verl(tmp_path, verl_python):
 def test_the_cpu_steps_policy_loss_is_verls(verl_python):
     """learner/_step_losses.py (what ``openforge train`` and the demo's GRPO rounds minimise) equals veRL 0.9.1's
     ``get_policy_loss_fn("vanilla")`` on the same tensors: loss and gradient, every loss_agg_mode, clip-higher,
-    dual clip, rollout_is_weights, and micro-batches that carry the mini-batch's totals."""
+    dual clip, rollout_is_weights, and micro-batches that carry the mini-batch's totals; and its KL loss
+    (``kl_penalty``) equals veRL's for every estimator."""
     proc = subprocess.run([str(verl_python), str(SCRIPT), "policy-loss"], check=False, capture_output=True, text=True,
                           timeout=600)
     assert proc.stdout, proc.stderr[-4000:]
@@ -157,3 +158,7 @@ def test_the_cpu_steps_policy_loss_is_verls(verl_python):
     bad = [c for c in report["cases"] if not c["equal"]]
     assert report["ok"] and not bad, bad
     assert len({round(c["verl"], 9) for c in report["cases"]}) > 10   # the cases differ: the check can fail
+    # veRL's KL loss (use_kl_loss): every estimator it names, value, token-mean loss and gradient
+    kl = report["kl_cases"]
+    assert {c["kind"] for c in kl} >= {"low_var_kl", "k3", "k1", "k2", "abs", "k3+"} and all(c["equal"] for c in kl), kl
+    assert len({round(c["verl_loss"], 9) for c in kl}) >= 4   # the estimators differ on these tensors
