@@ -112,8 +112,10 @@ def run(args, recipes) -> dict:
     demos = sorted((home / "demo" / "shards").glob("sft-*"))   # the demonstrations' export (a recipe's sft_anchor)
     if not demos and (anchored := [i for i, r in enumerate(recipes, 1) if r.sft_anchor]):
         raise SystemExit(f"--recipe {', '.join(map(str, anchored))}: sft_anchor > 0 (the default) trains on the "
-                         f"demonstrations' SFT export, and {home / 'demo' / 'shards'} holds none (sft-*); add "
-                         "sft_anchor=0 to the recipe, or start from a bench/learning_curve.py --keep seed folder")
+                         f"demonstrations' SFT export, and {home / 'demo' / 'shards'} holds none (sft-*); export "
+                         f"it from the folder's store: OPENFORGE_HOME={home} openforge export --format sft --where "
+                         f"\"purpose = 'teacher'\" --out {home / 'demo' / 'shards' / 'sft-teacher'} (bench/"
+                         "learning_curve.py --keep-checkpoints keeps it since 2026-12-06), or add sft_anchor=0")
     base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
                           demo_tasks=48 if args.loop_pool else args.heldout_tasks, heldout_tasks=args.heldout_tasks,
                           port=0, control=False, eval_samples=args.eval_samples)

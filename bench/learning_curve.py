@@ -213,6 +213,23 @@ def print_tables(rows: list[dict], pool: dict, goals: dict) -> None:
         print(f"target {name:<48} {verdict}")
 
 
+def prune(home: Path, keep: set | None) -> None:
+    """After a seed: the checkpoints, shards and optimizer states take gigabytes; the store holds the lineage. With
+    ``keep`` (--keep-checkpoints: the SFT and final versions) those checkpoints stay, and so does the demonstrations'
+    SFT export (kilobytes: bench/grpo_sweep.py's anchor)."""
+    for folder in (home / "checkpoints").glob("*"):
+        if keep is None or folder.name not in keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    demo = home / "demo"
+    for item in (demo.iterdir() if demo.is_dir() else []):
+        if keep is not None and item.name == "shards":
+            for shard in item.iterdir():
+                if not shard.name.startswith("sft-"):
+                    shutil.rmtree(shard, ignore_errors=True)
+        else:
+            shutil.rmtree(item, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, help="how many consecutive seeds (3 by default)")
@@ -248,15 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if sampled:   # -- --eval-samples K: the sampled evaluation, pooled too
                 sampled_seeds.append((seed, doc, sampled))
             print(f"seed {seed}: {json.dumps(seed_row(seed, doc))}", file=sys.stderr, flush=True)
-            # the checkpoints, shards and optimizer states take gigabytes a seed; the store holds the lineage
-            if args.keep_checkpoints:
-                keep = {doc["roles"].get(r) for r in ("sft", "final")}
-                for folder in (home / "checkpoints").glob("*"):
-                    if folder.name not in keep:
-                        shutil.rmtree(folder, ignore_errors=True)
-            else:
-                shutil.rmtree(home / "checkpoints", ignore_errors=True)
-            shutil.rmtree(home / "demo", ignore_errors=True)
+            prune(home, {doc["roles"].get(r) for r in ("sft", "final")} if args.keep_checkpoints else None)
         pool = pooled(per_seed, args.n_boot)
         if sampled_seeds and len(sampled_seeds) == len(per_seed):
             sampled = pooled(sampled_seeds, args.n_boot)

@@ -88,7 +88,9 @@ def run(args) -> dict:
     from openforge.loop_session import Session
 
     console = Console(stderr=True, width=160)
-    cfg = LoopConfig(out=args.home / "demo", seed=args.seed, train_tasks=args.heldout_tasks,
+    # its own task folder: the loop's (DIR/demo/tasks) holds a generation with its own train count, which another
+    # generation of the same seed may not overwrite; the held-out tasks are the same bytes either way
+    cfg = LoopConfig(out=args.home / "pass-at-k", seed=args.seed, train_tasks=args.heldout_tasks,
                      demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
     holder = LearningLoop(cfg, console)
     _, _, heldout = holder.tasks()

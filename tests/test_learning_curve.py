@@ -112,3 +112,18 @@ def test_sampled_entropy_pairs_per_task_means_and_refuses_a_seed_without_its_sto
     home = _kept_seed(tmp_path / "kept", {"sft": [1]})
     with pytest.raises(SystemExit, match="needs demo-result.json and store.sqlite"):
         entropy.main([str(home)])
+
+
+def test_prune_keeps_the_named_checkpoints_and_the_demonstrations_export_only_when_asked(tmp_path):
+    for path in ("checkpoints/sft/config.json", "checkpoints/grpo1/config.json", "checkpoints/final/config.json",
+                 "demo/shards/sft-run1/manifest.json", "demo/shards/grpo-run2/manifest.json",
+                 "demo/tasks/files-seed1/taskgen.json", "demo/optimizer/t/grpo.pt"):
+        (tmp_path / "a" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "a" / path).write_text("x")
+    import shutil
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    curve.prune(tmp_path / "a", {"sft", "final"})
+    left = sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert left == ["checkpoints/final/config.json", "checkpoints/sft/config.json", "demo/shards/sft-run1/manifest.json"]
+    curve.prune(tmp_path / "b", None)
+    assert [p for p in (tmp_path / "b").rglob("*") if p.is_file()] == []
