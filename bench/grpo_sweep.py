@@ -119,9 +119,9 @@ def run(args, recipes) -> dict:
     base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
                           demo_tasks=48 if args.loop_pool else args.heldout_tasks, heldout_tasks=args.heldout_tasks,
                           port=0, control=False, eval_samples=args.eval_samples)
-    train, demos, heldout = LearningLoop(base_cfg, console).tasks()
+    train, demo_tasks, heldout = LearningLoop(base_cfg, console).tasks()
     if args.loop_pool:   # the loop's own order: the undemonstrated train tasks first
-        pool = grpo_pool(train, demos)
+        pool = grpo_pool(train, demo_tasks)
     else:
         pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
                                        heldout_tasks=4)
