@@ -87,12 +87,12 @@ def _refuse_zero_advantages(shard: Path, manifest: dict, rows: list[dict]) -> No
         "on an `openforge export --format sft` of teacher rollouts); then export again")
 
 
-def _policy(store: Store, pid: str | None) -> dict:
+def _policy(store: Store, pid: str | None, flag: str = "--parent") -> dict:
     if pid is None:
         return {}
     rows = {r["id"]: r for r in store.lineage("policy_versions")}
     if pid not in rows:
-        raise TrainError(f"--parent {pid!r} is not a policy version in the store; known: {', '.join(rows) or '(none)'}")
+        raise TrainError(f"{flag} {pid!r} is not a policy version in the store; known: {', '.join(rows) or '(none)'}")
     return rows[pid]
 
 
@@ -178,11 +178,7 @@ def _reference(store: Store, reference: str | None, coef: float | None, algo: st
         raise TrainError(f"reference {reference!r} with a {algo} update and kl_coef {coef}: a KL term belongs to GRPO "
                          "updates and needs a reference policy version and a positive kl_coef (e.g. the SFT "
                          "version and 0.001), or neither")
-    rows = {r["id"]: r for r in store.lineage("policy_versions")}
-    if reference not in rows:
-        raise TrainError(f"reference {reference!r} is not a policy version in the store; known: "
-                         f"{', '.join(rows) or '(none)'}")
-    return _checkpoint(rows[reference], None)
+    return _checkpoint(_policy(store, reference, "reference"), None)
 
 
 def _policy_id(parent_row: dict, base: Path, algorithm: str, global_step: int, sha: str) -> str:
