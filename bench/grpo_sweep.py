@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft", help="or the version every recipe starts from, a checkpoint under DIR/checkpoints (e.g. "
                     "the SFT version of a `bench/learning_curve.py --keep DIR --keep-checkpoints` seed folder, with "
                     "--seed that seed)")
-    ap.add_argument("--sft-run", help="with --sft: the run of its greedy held-out evaluation (the loop's eval_runs; "
-                    "without it every evaluation of the version counts, sampled ones too)")
+    ap.add_argument("--sft-run", help="with --sft: the run of its greedy held-out evaluation (default: the one DIR's "
+                    "demo-result.json names; without either every evaluation of the version counts, sampled ones "
+                    "too)")
     ap.add_argument("--seed", type=int, default=100, help="the generation sft_plateau evaluated on")
     ap.add_argument("--pool-seed", type=int, default=101)
     ap.add_argument("--pool-tasks", type=int, default=48)
@@ -116,7 +117,9 @@ def run(args, recipes) -> dict:
                          f"it from the folder's store: OPENFORGE_HOME={home} openforge export --format sft --where "
                          f"\"purpose = 'teacher'\" --out {home / 'demo' / 'shards' / 'sft-teacher'} (bench/"
                          "learning_curve.py --keep-checkpoints keeps it since 2026-12-06), or add sft_anchor=0")
-    base_cfg = LoopConfig(out=home / "demo", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
+    # the sweep's own folder for its tasks, round shards and optimizer state: the loop's (DIR/demo) may hold a task
+    # generation with another train count, which a generation of the same seed may not overwrite
+    base_cfg = LoopConfig(out=home / "sweep", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
                           demo_tasks=48 if args.loop_pool else args.heldout_tasks, heldout_tasks=args.heldout_tasks,
                           port=0, control=False, eval_samples=args.eval_samples)
     train, demo_tasks, heldout = LearningLoop(base_cfg, console).tasks()
@@ -126,13 +129,13 @@ def run(args, recipes) -> dict:
         pool_cfg = dataclasses.replace(base_cfg, seed=args.pool_seed, train_tasks=args.pool_tasks, demo_tasks=4,
                                        heldout_tasks=4)
         pool, _, _ = LearningLoop(pool_cfg, console).tasks()
-    sft_sampled = _sft_sampled_run(home, sft) if args.eval_samples else None
+    sft_greedy, sft_sampled = _sft_runs(home, sft, args.sft_run, args.eval_samples)
     out = {"sft": {"version": sft}, "recipes": []}
     with ExitStack() as stack:
         holder = LearningLoop(base_cfg, console)
         s = Session(base_cfg, console, stack, holder.report)
         s.start()
-        sft_tasks = version_tasks(s.store, sft, purpose="eval", run_ids=[args.sft_run] if args.sft_run else None)
+        sft_tasks = version_tasks(s.store, sft, purpose="eval", run_ids=[sft_greedy] if sft_greedy else None)
         if not sft_tasks:
             raise SystemExit(f"{sft} has no evaluation in {home}'s store")
         out["sft"]["success"] = sum(a.passed for a in sft_tasks.values()) / sum(a.n for a in sft_tasks.values())
@@ -188,42 +191,47 @@ def _train_curve(loop) -> list[dict]:
             for row in loop.report.rows if row.train.n]
 
 
-def _sft_sampled_run(home: Path, sft: str) -> str:
-    """The SFT version's sampled evaluation run, from the seed folder's ``demo-result.json`` (the loop's
-    ``sampled.runs``)."""
+def _sft_runs(home: Path, sft: str, greedy: str | None, sampled: bool) -> tuple[str | None, str | None]:
+    """The SFT version's greedy evaluation run (``--sft-run``, else the one a learning-curve seed folder's
+    ``demo-result.json`` names, else None: every evaluation of the version counts) and, with ``sampled``, its
+    sampled one (the file's ``sampled.runs``; required)."""
     path = home / "demo-result.json"
-    runs = (json.loads(path.read_text()).get("sampled") or {}).get("runs") if path.is_file() else None
-    run = (runs or {}).get(sft)
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    greedy = greedy or (doc.get("eval_runs") or {}).get(sft)
+    if not sampled:
+        return greedy, None
+    run = ((doc.get("sampled") or {}).get("runs") or {}).get(sft)
     if not run:
         raise SystemExit(f"--eval-samples: {path} names no sampled evaluation run of {sft}; start from a "
                          "bench/learning_curve.py seed folder run with `-- --eval-samples K`, or leave --eval-samples out")
-    return run
+    return greedy, run
+
+
+def _compared(s, sft_tasks, version: str, run: str, n_boot: int):
+    """``version``'s evaluation ``run`` against the SFT version's, paired by task: (the success difference, the
+    rubrics whose interval excludes 0)."""
+    from learner import compare_tasks, version_tasks
+
+    diffs = compare_tasks(sft_tasks, version_tasks(s.store, version, purpose="eval", run_ids=[run]), n_boot=n_boot)
+    success = next(d for d in diffs if d.metric == "success_rate")
+    return success, [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]
 
 
 def _sampled_versus(s, loop, version: str, sft_tasks, n_boot: int) -> dict | None:
     """The sampled evaluation ``loop.evaluate`` ran for ``version``, compared with SFT's, paired by task."""
-    from learner import compare_tasks, version_tasks
-
     run = loop.report.sampled_runs.get(version)
     if not run or sft_tasks is None:
         return None
-    diffs = compare_tasks(sft_tasks, version_tasks(s.store, version, purpose="eval", run_ids=[run]), n_boot=n_boot)
-    success = next(d for d in diffs if d.metric == "success_rate")
+    success, moved = _compared(s, sft_tasks, version, run, n_boot)
     return {"run": run, "sft": success.a, "success": success.b, "final_minus_sft": success.diff,
-            "ci95": list(success.ci95) if success.ci95 else None,
-            "moved": [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]}
+            "ci95": list(success.ci95) if success.ci95 else None, "moved": moved}
 
 
 def _versus(s, loop, version: str, heldout, sft_tasks, n_boot: int):
-    """Evaluate ``version`` on the held-out tasks and compare it with the SFT version, paired by task; returns
-    (the success difference, the rubrics whose interval excludes 0)."""
-    from learner import compare_tasks, version_tasks
-
+    """Evaluate ``version`` on the held-out tasks (greedy, and sampled with ``--eval-samples``) and compare the
+    greedy run with the SFT version's, paired by task."""
     loop.evaluate(version, heldout)
-    tasks = version_tasks(s.store, version, purpose="eval", run_ids=[loop.report.eval_runs[version]])
-    diffs = compare_tasks(sft_tasks, tasks, n_boot=n_boot)
-    success = next(d for d in diffs if d.metric == "success_rate")
-    return success, [d.as_dict() for d in diffs if d.ci95 and (d.ci95[0] > 0 or d.ci95[1] < 0)]
+    return _compared(s, sft_tasks, version, loop.report.eval_runs[version], n_boot)
 
 
 if __name__ == "__main__":

@@ -39,3 +39,15 @@ def test_an_anchored_recipe_without_demonstrations_is_refused_before_anything_ru
         sweep.main(["--from", str(tmp_path), "--epoch", "1", "--recipe", "sft_anchor=0", "--recipe", "rounds=1"])
     assert not (tmp_path / "demo").exists()   # refused before any task was generated
 
+
+
+def test_the_sft_runs_come_from_the_seed_folder_unless_named(tmp_path):
+    import json
+
+    assert sweep._sft_runs(tmp_path, "sft-v", None, False) == (None, None)   # no file: every evaluation counts
+    (tmp_path / "demo-result.json").write_text(json.dumps({"eval_runs": {"sft-v": "run-g"},
+                                                           "sampled": {"runs": {"sft-v": "run-s"}}}))
+    assert sweep._sft_runs(tmp_path, "sft-v", None, True) == ("run-g", "run-s")
+    assert sweep._sft_runs(tmp_path, "sft-v", "run-x", False) == ("run-x", None)
+    with pytest.raises(SystemExit, match="names no sampled evaluation run of other"):
+        sweep._sft_runs(tmp_path, "other", None, True)
