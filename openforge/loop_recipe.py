@@ -83,7 +83,7 @@ class GrpoRecipe:
         if self.anchor_batch_size < 1:
             raise RecipeError(f"--anchor-batch-size {self.anchor_batch_size}: the demonstrations in each GRPO step's "
                               "anchor loss; pass 1 or more, e.g. 2")
-        if not 0 <= self.kl_coef < 100:
+        if self.kl_coef < 0:
             raise RecipeError(f"--kl-coef {self.kl_coef}: the weight of the KL term to the SFT version is 0 (none) or "
                               "a positive number, e.g. 0.001 (veRL's GRPO examples) to 0.1")
         if self.lora_rank < 0:
