@@ -35,6 +35,9 @@ def demo_command(
                                    "demonstrates (the SFT data)."),
     heldout_tasks: int = typer.Option(48, "--heldout-tasks", help="Generated held-out tasks every version is "
                                       "evaluated on."),
+    careful: float = typer.Option(0.0, "--careful", help="Share of the check and recover steps the scripted teacher "
+                                  "solves carefully (looks at the file first, or meets the error and recovers) instead "
+                                  "of knowing what the step hides; the rest it solves in one privileged call."),
     eval_samples: int = typer.Option(0, "--eval-samples", help="Also evaluate every version with this many "
                                      "rollouts per held-out task sampled at --temperature (the policy GRPO trains; "
                                      "success averaged per task, paired by task); 0: greedy only."),
@@ -126,7 +129,7 @@ def demo_command(
                                     sft_anchor=sft_anchor, anchor_batch_size=anchor_batch_size, kl_coef=kl_coef)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
                             train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
-                            eval_samples=eval_samples,
+                            eval_samples=eval_samples, careful=careful,
                             teacher=teacher, sft_epochs=sft_epochs, sft_stage_epochs=sft_stage_epochs,
                             sft_val_tasks=sft_val_tasks, sft_train_layers=train_layers, recipe=recipe, control=control,
                             concurrency=concurrency, max_turns=max_turns, max_tokens=max_tokens, port=port,
@@ -161,6 +164,7 @@ def _loop(console, **opts) -> dict:
         doc["sft"] = {"epochs": cfg.sft_epochs, "stage_epochs": cfg.sft_stage_epochs, "lr": cfg.sft_lr,
                       "val_tasks": cfg.sft_val_tasks if cfg.sft_stage_epochs else 0,
                       "train_layers": cfg.sft_train_layers}
+        doc["teacher"] = {"careful": cfg.careful, "model": cfg.teacher or "scripted"}
         if doc["rubrics_sft_to_final"]:
             from learner import Difference
 

@@ -10,8 +10,8 @@ Every phase goes through the platform's own parts, so the loop is also their int
    base is evaluated on the held-out split (rollouts marked ``eval``, greedy decoding);
 3. a teacher solves the demonstration tasks with the same harness, through a second recording proxy in front of a
    scripted engine that replays each task's reference solution, or in front of any OpenAI-compatible model
-   (``--teacher URL``); its rollouts are marked ``teacher``. The scripted teacher is privileged (it knows what a
-   workspace hides) and shows no read-back, no error and no search: see ``examples/generated-tasks.md``;
+   (``--teacher URL``); its rollouts are marked ``teacher``. The scripted teacher knows what a workspace hides, but
+   on a ``careful`` share of steps it looks first or recovers (``examples/generated-tasks.md``);
 4. SFT: an SFT export of the teacher's rollouts (``learner.export``) trains the base (``learner.train``, assistant
    tokens only) for ``sft_epochs`` epochs into a new policy version, which the engine loads in place behind the
    proxy's fence (``openforge.policy_switch``) and which is evaluated like the base. With ``sft_stage_epochs`` the
@@ -63,6 +63,7 @@ class LoopConfig:
     train_tasks: int = 96      # the pool GRPO draws from (split evenly over the families)
     demo_tasks: int = 48       # the first of them, the ones the teacher demonstrates
     heldout_tasks: int = 48
+    careful: float = 0.0       # share of check/recover steps the teacher solves carefully (looks first, recovers)
     eval_samples: int = 0      # > 0: also this many rollouts per held-out task sampled at the GRPO temperature
     concurrency: int = 16
     max_turns: int = 5
@@ -95,6 +96,8 @@ class LoopConfig:
         for name in ("train_tasks", "demo_tasks", "heldout_tasks", "concurrency", "max_turns", "sft_epochs"):
             if getattr(self, name) < 1:
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: pass 1 or more")
+        if not 0 <= self.careful <= 1:
+            raise LoopError(f"--careful {self.careful}: a share of steps, from 0 to 1 (e.g. 0.5)")
         if self.eval_samples < 0 or self.eval_samples == 1:
             raise LoopError(f"--eval-samples {self.eval_samples}: pass 0 (greedy evaluation only) or 2 or more "
                             "sampled rollouts per held-out task (e.g. 4); one sample says less than the greedy one")
@@ -207,9 +210,9 @@ class LearningLoop:
         per_family, demos, heldout = [], [], []
         for i, family in enumerate(cfg.families):
             share = lambda total: total // n + (1 if i < total % n else 0)  # noqa: E731
-            out = cfg.out / "tasks" / f"{family}-seed{cfg.seed}"
+            out = cfg.out / "tasks" / (f"{family}-seed{cfg.seed}" + (f"-careful{cfg.careful:g}" if cfg.careful else ""))
             paths = generate_tasks(family, out, train=share(cfg.train_tasks), heldout=share(cfg.heldout_tasks),
-                                   seed=cfg.seed)
+                                   seed=cfg.seed, careful=cfg.careful)
             tasks = [load_task(p) for p in paths]
             fam_train = [t for t in tasks if t.config.metadata.get("split") == "train"]
             per_family.append(fam_train)
@@ -226,8 +229,7 @@ class LearningLoop:
         with ``eval_samples`` also that many rollouts per task sampled at the GRPO temperature (their own run: the
         policy GRPO optimises, and a success rate per task instead of one coin, so a paired difference is seen with
         fewer tasks)."""
-        summary = self.session.rollouts(tasks, purpose="eval", group_size=1, temperature=0.0,
-                                        name=f"eval {version}")
+        summary = self.session.rollouts(tasks, purpose="eval", group_size=1, temperature=0.0, name=f"eval {version}")
         rate = _rate(summary)
         self.report.row(version).heldout = rate
         self.report.eval_runs[version] = summary.run_id
@@ -310,8 +312,7 @@ class LearningLoop:
             f"grpo round {r} {current}")
         self.report.draws.append({"round": r, **draws.as_dict()})
         row = self.report.row(current)
-        for summary in draws.summaries:
-            rate = _rate(summary)
+        for rate in map(_rate, draws.summaries):
             row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
         if recipe.signal_groups:
             self.console.print(f"round {r}: {len(draws.spread)} groups with a spread of reward in {len(draws.runs)} "
@@ -339,10 +340,9 @@ class LearningLoop:
             self.report.notes.append(note)
             self.console.print(f"[yellow]{note}[/]")
             return current
-        if res.step.get("importance_ratio_mean") is not None:
-            self.report.ratios.append(res.step["importance_ratio_mean"])
-        if res.step.get("importance_k3") is not None:
-            self.report.k3s.append(res.step["importance_k3"])
+        for key, seen in (("importance_ratio_mean", self.report.ratios), ("importance_k3", self.report.k3s)):
+            if res.step.get(key) is not None:
+                seen.append(res.step[key])
         self.add_version(version, current, f"grpo round {r}", samples=_rows(manifest))
         self.report.switches.append(self.session.switch(res))
         self.report.rounds_trained += 1

@@ -34,6 +34,8 @@ def generate_command(
     seed: int = typer.Option(0, "--seed", help="Generation seed: the same seed gives the same bytes."),
     difficulty: str = typer.Option("", "--difficulty", help="Steps per task, cycled evenly, e.g. 1 or 1,2,3 "
                                    "(default: the family's own: 1,2,3; plan 3,4)."),
+    careful: float = typer.Option(0.0, "--careful", help="Share of steps (check, recover) whose reference solution "
+                                  "looks first or recovers from the error instead of knowing what the step hides."),
     out: Path = typer.Option(..., "--out", help="Folder to write (created; train/ and heldout/ inside)."),
     json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
@@ -43,7 +45,7 @@ def generate_command(
     except ValueError:
         _fail(f"--difficulty {difficulty!r}: pass step counts separated by commas, e.g. 1,2,3")
     try:
-        p = plan(family, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
+        p = plan(family, train=train, heldout=heldout, seed=seed, difficulties=difficulties, careful=careful)
         written = write(p, out)
     except (TaskGenError, OSError) as exc:
         _fail(exc)

@@ -65,9 +65,14 @@ def split_of(family_name: str, key: tuple) -> str:
     return "heldout" if int.from_bytes(digest[:8], "big") % HELDOUT_ONE_IN == 0 else "train"
 
 
-def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=None) -> Plan:
-    """``difficulties`` None: the family's own (``DIFFICULTIES``, else 1, 2, 3)."""
+def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=None, careful: float = 0.0) -> Plan:
+    """``difficulties`` None: the family's own (``DIFFICULTIES``, else 1, 2, 3). ``careful``: the share of steps
+    whose reference solution (``solution/actions.json``, what the scripted teacher plays) is the careful one, which
+    looks first or recovers from the error instead of knowing what the step hides (``check`` and ``recover``)."""
     fam = family(family_name)
+    if isinstance(careful, bool) or not isinstance(careful, int | float) or not 0 <= careful <= 1:
+        raise TaskGenError(f"--careful {careful!r}: the share of steps whose reference solution looks first instead "
+                           "of knowing what the step hides is a number from 0 to 1, e.g. 0.5")
     if difficulties is None:
         difficulties = getattr(fam, "DIFFICULTIES", (1, 2, 3))
     difficulties = _check(fam, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
@@ -78,11 +83,13 @@ def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=
             p.tasks.append({"id": tid, "split": split, "seed": task_seed, "difficulty": diff,
                             "template": "+".join(s.template for s in draft.steps)})
             for rel, content in render(draft, family=family_name, seed=task_seed, split=split,
-                                       answer=fam.ANSWER).items():
+                                       answer=fam.ANSWER, careful=careful).items():
                 p.tree[f"{split}/{tid}/{rel}"] = content
     manifest = {"generator": GENERATOR, "family": family_name, "seed": seed, "train": train, "heldout": heldout,
                 "difficulties": list(difficulties), "heldout_rule": f"one instruction key in {HELDOUT_ONE_IN}",
                 "tasks": p.tasks}
+    if careful:
+        manifest["careful"] = careful  # absent at 0: the manifests of generations before the option stay the same
     p.tree[MANIFEST] = (json.dumps(manifest, indent=1, sort_keys=True).encode() + b"\n", False)
     return p
 
@@ -171,10 +178,10 @@ def _describe_conflict(out: Path, existing: dict, wanted: dict) -> str:
 
 
 def generate_tasks(family: str, out: str | Path, *, train: int = 0, heldout: int = 0, seed: int = 0,
-                   difficulties=None) -> list[Path]:
+                   difficulties=None, careful: float = 0.0) -> list[Path]:
     """Generate ``train`` + ``heldout`` task folders of ``family`` into ``out/train/`` and ``out/heldout/`` (plus
     ``out/taskgen.json``, the generation's manifest); the same arguments always give the same bytes, and a
     folder that already holds exactly them is left alone. Returns the task folders, train first."""
-    p = plan(family, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
+    p = plan(family, train=train, heldout=heldout, seed=seed, difficulties=difficulties, careful=careful)
     write(p, Path(out))
     return p.paths(Path(out))

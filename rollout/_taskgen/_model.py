@@ -45,6 +45,10 @@ class Step:
     checks: dict[str, list[dict]]
     guards: dict[str, list[dict]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    # The reference solution of a solver without the step's hidden fact (whether a file ends with a newline, whether
+    # a folder exists, where a file lives): it looks first, or meets the error, and acts on what it saw. None: the
+    # step hides nothing (``actions`` is what anyone would do). A generation's ``careful`` share of steps use it.
+    careful: list[dict] | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ gives the same bytes, and a folder on disk can be compared with what a generatio
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from ._model import Draft, unchanged
@@ -72,10 +73,23 @@ def task_id(family: str, seed: int, difficulty: int) -> str:
     return f"{family}-{seed}-d{difficulty}"
 
 
-def render(draft: Draft, *, family: str, seed: int, split: str, answer: str) -> dict[str, tuple[bytes, bool]]:
+def reference_actions(draft: Draft, *, seed: int, careful: float = 0.0) -> list[dict]:
+    """The steps' tool calls (the caller appends the answer): each step that hides something plays its careful
+    solution with probability ``careful`` (drawn per step from the task seed, so the same arguments give the same
+    calls), else the privileged one."""
+    rng = random.Random(f"careful-{seed}")
+    out = []
+    for s in draft.steps:
+        pick = rng.random() < careful  # drawn for every step, so a step's draw does not depend on its neighbours'
+        out += s.careful if (pick and s.careful is not None) else s.actions
+    return out
+
+
+def render(draft: Draft, *, family: str, seed: int, split: str, answer: str,
+           careful: float = 0.0) -> dict[str, tuple[bytes, bool]]:
     steps = draft.steps
     templates = [s.template for s in steps]
-    actions = [a for s in steps for a in s.actions] + [{"answer": answer}]
+    actions = reference_actions(draft, seed=seed, careful=careful) + [{"answer": answer}]
     tools = sorted({a["tool"] for a in actions if "tool" in a})
     toml = TOML.format(id=task_id(family, seed, len(steps)), family=family, tools=json.dumps(tools),
                        steps=len(steps), generator=GENERATOR, template="+".join(templates),

@@ -9,7 +9,10 @@ is the share of its checks that pass, the reward the mean over steps.
 
 The reference solution (what the scripted teacher plays) is *privileged*: it knows whether the file ends with a
 newline and writes the right command at once (one tool call per step, no read-back). A student that imitates it
-without reading the file first can only guess, so imitation alone cannot reach 1.0 on these tasks.
+without reading the file first can only guess, so imitation alone cannot reach 1.0 on these tasks. The *careful*
+solution (``Step.careful``; a generation's ``careful`` share of steps) knows nothing hidden: it looks at the file's
+last byte first (``tail -c 1 f | wc -l`` prints 0 when the last line has no newline, 1 when it has) and then writes
+the command that fits what it saw.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from .files import ANSWER, _bash, _body, _q, draw_draft
 
 NAME = "check"
 __all__ = ["ANSWER", "MAX_STEPS", "NAME", "TEMPLATES", "draft"]
+
+
+def _look(path: str) -> dict:
+    """``0`` when the file's last line has no newline, ``1`` when it has one."""
+    return _bash(f"tail -c 1 {_q(path)} | wc -l")
 
 
 def _maybe_open(d: Draw, lines: list[str]) -> tuple[str, bool]:
@@ -36,7 +44,8 @@ def append_end(d: Draw) -> Step:
     cmd = f"printf '\\n%s\\n' {_q(line)} >> {_q(f)}" if open_end else f"echo {_q(line)} >> {_q(f)}"
     full = body + ("\n" if open_end else "")
     return Step("append_end", say.format(f=f, l=line), ("append_end", f, line, open_end), files={f: body},
-                actions=[_bash(cmd)], shell=[cmd], checks={"appended": [text(f, full + line + "\n")]})
+                actions=[_bash(cmd)], shell=[cmd], checks={"appended": [text(f, full + line + "\n")]},
+                careful=[_look(f), _bash(cmd)])
 
 
 def two_lines(d: Draw) -> Step:
@@ -62,7 +71,7 @@ def join(d: Draw) -> Step:
     joined = body_a + ("\n" if open_end else "") + body_b
     return Step("join", say.format(a=a, b=b, c=c), ("join", a, b, c, open_end), files={a: body_a, b: body_b},
                 actions=[_bash(cmd)], shell=[cmd], checks={"joined": [text(c, joined)]},
-                guards={"sources_kept": [unchanged(a, body_a), unchanged(b, body_b)]})
+                guards={"sources_kept": [unchanged(a, body_a), unchanged(b, body_b)]}, careful=[_look(a), _bash(cmd)])
 
 
 def count_all(d: Draw) -> Step:
@@ -74,7 +83,7 @@ def count_all(d: Draw) -> Step:
     cmd = f"grep -c '' {_q(src)} > {_q(dst)}" if open_end else f"wc -l < {_q(src)} > {_q(dst)}"
     return Step("count_all", say.format(a=src, b=dst), ("count_all", src, dst, open_end), files={src: body},
                 actions=[_bash(cmd)], shell=[cmd], checks={"counted": [number(dst, len(lines))]},
-                guards={"source_kept": [unchanged(src, body)]})
+                guards={"source_kept": [unchanged(src, body)]}, careful=[_look(src), _bash(cmd)])
 
 
 TEMPLATES = {t.__name__: t for t in (append_end, two_lines, join, count_all)}
