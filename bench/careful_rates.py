@@ -9,7 +9,8 @@ that first look, the share of rollouts that met a tool error, and the share of f
 from (the ``error_recovery`` rubric). Then the paired difference (by task, bootstrap over tasks) of the look share
 and of success between the first two versions.
 
-Usage: python bench/careful_rates.py --from DIR/seedS [--version V ...] (default: the run's SFT and final versions)
+Usage: python bench/careful_rates.py --from DIR/seedS [--version V ...] (default: the run's SFT and final versions;
+a loop still running has no result yet: name the versions, their runs are found in the store by name)
 Prints tables, then as its LAST line one JSON object: per version and family the rates, and ``look_delta`` /
 ``success_delta`` with their 95% intervals.
 """
@@ -96,25 +97,36 @@ def paired(a: dict, b: dict, field: str, families: tuple[str, ...], n_boot: int)
             "ci95": list(ci) if ci else None, "families": list(families)}
 
 
+def sampled_runs(store, result: Path) -> dict:
+    """version -> its sampled evaluation run: from the loop's demo-result.json (plus ``roles``), or, for a loop still
+    running, from the store's runs named ``eval sampled VERSION (TAG)`` (the last of each version)."""
+    if result.is_file():
+        doc = json.loads(result.read_text())
+        return {**((doc.get("sampled") or {}).get("runs") or {}), "roles": doc["roles"]}
+    named = re.compile(r"^eval sampled (\S+) \(")
+    found = {m.group(1): r["id"] for r in store.lineage("runs") if (m := named.match(r.get("name") or ""))}
+    return {**found, "roles": {}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="home", type=Path, required=True, help="a bench/learning_curve.py seed folder")
     ap.add_argument("--version", action="append", help="versions to read (default: the run's SFT and final)")
     ap.add_argument("--n-boot", type=int, default=2000)
     args = ap.parse_args(argv)
-    result = args.home / "demo-result.json"
-    if not result.is_file():
-        ap.error(f"--from {args.home}: no demo-result.json; pass a seed folder bench/learning_curve.py --keep wrote")
-    doc = json.loads(result.read_text())
-    runs = (doc.get("sampled") or {}).get("runs") or {}
-    versions = args.version or [doc["roles"]["sft"], doc["roles"]["final"]]
-    missing = [v for v in versions if v not in runs]
-    if missing:
-        ap.error(f"--version {', '.join(missing)}: no sampled evaluation run in {result}; the run's sampled runs are "
-                 f"{', '.join(runs) or 'none (run the loop with --eval-samples K)'}")
+    result, db = args.home / "demo-result.json", args.home / "store.sqlite"
+    if not result.is_file() and not (args.version and db.is_file()):
+        ap.error(f"--from {args.home}: no demo-result.json (and no store.sqlite, or no --version to look for in it); "
+                 "pass a seed folder bench/learning_curve.py --keep wrote, or --version V for a run still going")
     from forge_store import open_store
 
-    with open_store(f"sqlite:///{args.home / 'store.sqlite'}") as store:
+    with open_store(f"sqlite:///{db}") as store:
+        runs = sampled_runs(store, result)
+        versions = args.version or [runs["roles"]["sft"], runs["roles"]["final"]]
+        missing = [v for v in versions if v not in runs]
+        if missing:
+            ap.error(f"--version {', '.join(missing)}: no sampled evaluation run of it; the sampled runs are "
+                     f"{', '.join(v for v in runs if v != 'roles') or 'none (run the loop with --eval-samples K)'}")
         rows = {v: version_rows(store, runs[v]) for v in versions}
     out = {"versions": {v: family_rates(r) for v, r in rows.items()}}
     for v, fams in out["versions"].items():

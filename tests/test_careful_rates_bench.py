@@ -61,3 +61,12 @@ def test_a_folder_without_a_result_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--from", str(tmp_path)])
     assert "no demo-result.json" in capsys.readouterr().err
+
+
+def test_runs_are_found_by_name_while_the_loop_runs():
+    class Store:
+        def lineage(self, kind):
+            assert kind == "runs"
+            return [{"id": "r1", "name": "eval sampled v-sft (12062140)"}, {"id": "r0", "name": "eval v-sft (1)"},
+                    {"id": "r2", "name": "teacher (1)"}, {"id": "r3", "name": None}]
+    assert bench.sampled_runs(Store(), Path("/nonexistent/demo-result.json")) == {"v-sft": "r1", "roles": {}}
