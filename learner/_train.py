@@ -122,8 +122,38 @@ def _checkpoint(row: dict, base: Path | None) -> Path:
     return path
 
 
-def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: float,
-              progress: Callable[[str], None] | None, anchors: list[dict] | None = None) -> dict:
+class _Watchdog:
+    """Kills a step that prints nothing for ``stall_s`` (a hung step: a long one prints a line a step), or that runs
+    past ``timeout_s`` when one is set; ``why`` says which, for the error."""
+
+    def __init__(self, proc: subprocess.Popen, stall_s: float, timeout_s: float | None):
+        self.proc, self.stall_s, self.why = proc, stall_s, ""
+        self.total = threading.Timer(timeout_s, self._kill, [f"ran past timeout_s={timeout_s:g} s"]) \
+            if timeout_s else None
+        self.quiet: threading.Timer | None = None
+        if self.total:
+            self.total.start()
+        self.alive()
+
+    def _kill(self, why: str) -> None:
+        self.why = why
+        self.proc.kill()
+
+    def alive(self) -> None:
+        if self.quiet:
+            self.quiet.cancel()
+        self.quiet = threading.Timer(self.stall_s, self._kill, [f"printed nothing for stall_s={self.stall_s:g} s"])
+        self.quiet.start()
+
+    def stop(self) -> None:
+        for t in (self.total, self.quiet):
+            if t:
+                t.cancel()
+
+
+def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: float | None,
+              progress: Callable[[str], None] | None, anchors: list[dict] | None = None,
+              stall_s: float = 1800) -> dict:
     """Run the step script, passing each stderr line to ``progress`` as it comes; return its JSON result."""
     with tempfile.TemporaryDirectory(prefix="openforge-train-") as tmp:
         path = Path(tmp) / "samples.jsonl"
@@ -134,22 +164,23 @@ def _run_step(python: Path, args: list[str], samples: list[dict], timeout_s: flo
         with open(Path(tmp) / "stdout", "w+") as stdout:
             proc = subprocess.Popen([str(python), str(STEP_SCRIPT), "--samples", str(path), *args], stdout=stdout,
                                     stderr=subprocess.PIPE, text=True)
-            timer = threading.Timer(timeout_s, proc.kill)
-            timer.start()
+            dog = _Watchdog(proc, stall_s, timeout_s)
             tail: list[str] = []
             try:
                 for line in proc.stderr:
+                    dog.alive()
                     tail = (tail + [line])[-60:]
                     if progress and (line.startswith(("step ", "sft:", "grpo:", "error:", "stopped "))):
                         progress(line.rstrip())
                 rc = proc.wait()
             finally:
-                timer.cancel()
+                dog.stop()
             stdout.seek(0)
             out = stdout.read()
     if rc != 0:
-        raise TrainError(f"the train step failed (exit {rc}{', killed after ' + str(timeout_s) + ' s' if rc < 0 else ''}"
-                         f"):\n{''.join(tail)[-3000:]}")
+        killed = f", killed: it {dog.why}; pass a larger one to learner.train if the step was working" if dog.why \
+            else ""
+        raise TrainError(f"the train step failed (exit {rc}{killed}):\n{''.join(tail)[-3000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -193,8 +224,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
           clip_high: float | None = None, negative_weight: float | None = None, lora_rank: int | None = None,
           train_layers: int | None = None, anchor: Path | None = None, anchor_coef: float | None = None,
           anchor_batch_size: int | None = None, kl_coef: float | None = None, reference: str | None = None,
-          seed: int | None = None, policy_id: str | None = None, timeout_s: float = 3600,
-          progress: Callable[[str], None] | None = None) -> TrainResult:
+          seed: int | None = None, policy_id: str | None = None, timeout_s: float | None = None,
+          stall_s: float = 1800, progress: Callable[[str], None] | None = None) -> TrainResult:
     """Train from ``shard`` (GRPO or SFT, as its manifest says) into ``out``; register and return the new version.
 
     ``algorithm`` ("grpo" / "sft"), when given, must match the shard. ``lr``, ``epochs``, ``steps`` and
@@ -210,7 +241,10 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     ``anchor_batch_size`` of its conversations a step (the step's default: 8). ``reference`` (GRPO) is a policy
     version (with its checkpoint on this machine, e.g. the SFT version a chain of rounds started from) and
     ``kl_coef`` the weight of veRL's KL loss to it (k3 over the sampled tokens; both or neither). ``seed``
-    seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step)."""
+    seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step).
+    The step is killed when it prints nothing for ``stall_s`` seconds (it prints a line a step), or runs past
+    ``timeout_s`` when that is set: a long update on a slow CPU runs to its end (20 SFT epochs took 68 min in fp32
+    on a 2-core AVX2 machine, where a fixed hour killed it at step 106 of 120)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
     algo = ALGORITHMS[manifest["format"]]
@@ -248,7 +282,7 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
             progress(f"grpo: rollout_is_weights from the shard ({correction['mode']}, cap {correction['cap']:g}, "
                      f"re-scored under {correction['version']})")
     samples = [{k: r[k] for k in keys} for r in rows]
-    step = _run_step(python, args, samples, timeout_s, progress, anchors)
+    step = _run_step(python, args, samples, timeout_s, progress, anchors, stall_s=stall_s)
     if anchors:
         step["anchor"] = {**step.get("anchor", {}), "export_id": anchor_manifest["export_id"],
                           "shard": str(Path(anchor).resolve()), "conversations": len(anchors)}
