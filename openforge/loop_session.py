@@ -6,6 +6,7 @@ operations it needs: run rollouts of some tasks under the current policy, run th
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 BASE_POLICY = "smollm2-135m-instruct"
@@ -163,8 +164,8 @@ class Session:
         base = self.base_dir if parent == BASE_POLICY else None
         with self.console.status(f"{algorithm.upper()} on the CPU from {shard.name} -> {version}") as status:
             res = train(self.store, shard, out, python=self.python, base=base, parent=parent, algorithm=algorithm,
-                        policy_id=version, progress=lambda line: status.update(
-                            f"{algorithm.upper()} -> {version}: {line}"), **options)
+                        policy_id=version, progress=self._progress(status, f"{algorithm.upper()} -> {version}"),
+                        **options)
         s = res.step
         ratio = s.get("importance_ratio_mean")
         self.console.print(f"[green]{algorithm}[/] {version} (parent {parent}): {s.get('samples')} samples, "
@@ -172,6 +173,19 @@ class Session:
                            f"{s.get('loss', float('nan')):.4g}, {s.get('train_seconds')} s training"
                            + (f", mean importance ratio {ratio:.4f}" if ratio is not None else ""))
         return res
+
+    def _progress(self, status, what: str, every_s: float = 60.0):
+        """The step's progress lines: on a terminal in the status line, in a pipe or a log one line a minute (a
+        status line does not render there, and a 68-minute SFT said nothing)."""
+        if self.console.is_terminal:
+            return lambda line: status.update(f"{what}: {line}")
+        last = [float("-inf")]
+
+        def to_log(line: str) -> None:
+            if time.monotonic() - last[0] >= every_s:
+                last[0] = time.monotonic()
+                self.console.print(f"  {what}: {line}", highlight=False)
+        return to_log
 
     def switch(self, res) -> float:
         from .policy_switch import switch_policy

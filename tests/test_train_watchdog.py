@@ -1,6 +1,7 @@
 """learner.train's watchdog over the step process: a step that keeps printing runs to its end however long it takes
 (a fixed hour killed a 68-minute SFT at step 106 of 120), one that goes quiet for ``stall_s`` is killed and the error
-says so, and ``timeout_s``, when set, still caps the whole step. A real process stands in for the step script."""
+says so, and ``timeout_s``, when set, still caps the whole step. A real process stands in for the step script. The
+loop shows the step's progress lines in a log too, not only in a terminal's status line."""
 
 from __future__ import annotations
 
@@ -46,3 +47,23 @@ def test_a_failing_step_is_not_called_killed(tmp_path):
     with pytest.raises(TrainError, match=r"the train step failed \(exit 3\):\nerror: bad shard") as e:
         _run_step(step, [], [], None, None, stall_s=5)
     assert "killed" not in str(e.value)
+
+
+def test_the_loop_prints_the_steps_progress_in_a_log_once_a_minute_and_in_the_status_on_a_terminal():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from openforge.loop_session import Session
+
+    log = io.StringIO()
+    session = Session(SimpleNamespace(teacher=None), Console(file=log, force_terminal=False, width=200), None, None)
+    to_log = session._progress(None, "SFT -> v", every_s=3600)
+    for i in range(1, 4):
+        to_log(f"step {i}/3")
+    assert log.getvalue() == "  SFT -> v: step 1/3\n"   # the first line at once, the rest within the minute not
+    shown = []
+    session = Session(SimpleNamespace(teacher=None), Console(file=io.StringIO(), force_terminal=True), None, None)
+    session._progress(SimpleNamespace(update=shown.append), "SFT -> v")("step 2/3")
+    assert shown == ["SFT -> v: step 2/3"]
