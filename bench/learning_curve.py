@@ -154,7 +154,7 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
 def seed_row(seed: int, doc: dict) -> dict:
     keys = [f"success_{r}" for r in ROLES] + [k for name in PAIRS for k in (name, f"{name}_ci95", f"{name}_p")]
     keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "importance_k3_mean", "switch_s_p50",
-             "rounds", "phases_s", "recipe", "sft", "notes", "sft_curve"]
+             "rounds", "phases_s", "recipe", "sft", "teacher", "notes", "sft_curve"]
     row = {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
     if doc.get("sampled"):
         row["sampled"] = {k: v for k, v in doc["sampled"].items() if k not in ("per_task", "runs")}
