@@ -243,8 +243,8 @@ def train(store: Store, shard: Path, out: Path, *, python: Path, base: Path | No
     ``kl_coef`` the weight of veRL's KL loss to it (k3 over the sampled tokens; both or neither). ``seed``
     seeds the shuffle of the samples. ``progress`` receives the step's progress lines (the estimate, then one per step).
     The step is killed when it prints nothing for ``stall_s`` seconds (it prints a line a step), or runs past
-    ``timeout_s`` when that is set: a long update on a slow CPU runs to its end (20 SFT epochs took 68 min in fp32
-    on a 2-core AVX2 machine, where a fixed hour killed it at step 106 of 120)."""
+    ``timeout_s`` when that is set: a long update on a slow CPU runs to its end (20 SFT epochs needed about 68 min
+    in fp32 on a 2-core AVX2 machine, where a fixed hour killed it at step 106 of 120)."""
     shard, out = Path(shard), Path(out)
     manifest = read_manifest(shard)
     algo = ALGORITHMS[manifest["format"]]

@@ -176,7 +176,7 @@ class Session:
 
     def _progress(self, status, what: str, every_s: float = 60.0):
         """The step's progress lines: on a terminal in the status line, in a pipe or a log one line a minute (a
-        status line does not render there, and a 68-minute SFT said nothing)."""
+        status line does not render there, and an SFT of more than an hour said nothing)."""
         if self.console.is_terminal:
             return lambda line: status.update(f"{what}: {line}")
         last = [float("-inf")]

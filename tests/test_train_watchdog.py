@@ -1,5 +1,5 @@
 """learner.train's watchdog over the step process: a step that keeps printing runs to its end however long it takes
-(a fixed hour killed a 68-minute SFT at step 106 of 120), one that goes quiet for ``stall_s`` is killed and the error
+(a fixed hour killed an SFT at step 106 of 120, about 8 minutes short of its end), one that goes quiet for ``stall_s`` is killed and the error
 says so, and ``timeout_s``, when set, still caps the whole step. A real process stands in for the step script. The
 loop shows the step's progress lines in a log too, not only in a terminal's status line."""
 
