@@ -15,7 +15,7 @@ from rollout import generate_tasks, load_task
 from rollout._taskgen import FAMILIES, TaskGenError, plan
 from rollout._taskgen._render import render, task_id
 from tests.test_example_tasks import Rollout
-from tests.test_taskgen import replay
+from tests.test_taskgen import _digest, replay
 from tests.test_taskgen_families import CASES
 
 HIDING = [c for c in CASES if c[0] in ("check", "recover")]
@@ -80,11 +80,17 @@ def test_the_look_differs_between_the_two_hidden_states(tmp_path):
     assert looks[True] != looks[False]
 
 
-def test_careful_0_is_the_generation_before_the_option_and_the_share_is_per_step(tmp_path):
-    for family in ("check", "recover", "files"):
-        before = plan(family, train=12, heldout=4, seed=3)
-        assert plan(family, train=12, heldout=4, seed=3, careful=0.0).tree == before.tree
-        assert "careful" not in json.loads(before.tree["taskgen.json"][0])
+# digests (tests.test_taskgen._digest) of plan(family, train=12, heldout=4, seed=3) computed at b31b75a, the commit
+# before the careful option: at careful=0 a generation must still be those bytes
+BEFORE_CAREFUL = {"check": "382ad042a9686529d35ac3392454509852f0ec4933f2196cf445d356dea942f9",
+                  "recover": "c9e4dd767a33574851dcb80e85a7295d397e776ccf173081c9e55a9d472e8d65"}
+
+
+def test_careful_0_is_the_generation_before_the_option_and_the_share_is_per_step():
+    for family, digest in BEFORE_CAREFUL.items():
+        p = plan(family, train=12, heldout=4, seed=3, careful=0.0)
+        assert _digest(p.tree) == digest, f"careful=0 changed the bytes of the {family} generation"
+        assert "careful" not in json.loads(p.tree["taskgen.json"][0])
     half = plan("check", train=60, heldout=0, seed=3, careful=0.5)
     assert json.loads(half.tree["taskgen.json"][0])["careful"] == 0.5
     looked = hiding = 0
@@ -99,7 +105,7 @@ def test_careful_0_is_the_generation_before_the_option_and_the_share_is_per_step
             hiding += s.careful is not None
         assert at == len(acts)
     assert 0.35 < looked / hiding < 0.65, (looked, hiding)
-    # the files family hides nothing: careful changes none of its bytes
+    # the files family hides nothing: careful changes none of its task bytes
     files0, files1 = plan("files", train=12, heldout=4, seed=3), plan("files", train=12, heldout=4, seed=3, careful=1.0)
     assert {k: v for k, v in files1.tree.items() if k != "taskgen.json"} == \
         {k: v for k, v in files0.tree.items() if k != "taskgen.json"}

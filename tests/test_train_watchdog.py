@@ -1,6 +1,6 @@
 """learner.train's watchdog over the step process: a step that keeps printing runs to its end however long it takes
-(a fixed hour killed an SFT at step 106 of 120, about 8 minutes short of its end), one that goes quiet for ``stall_s`` is killed and the error
-says so, and ``timeout_s``, when set, still caps the whole step. A real process stands in for the step script. The
+(a fixed hour killed an SFT at step 106 of 120, about 8 minutes short of its end), one that goes quiet for
+``stall_s`` is killed and the error says so, and ``timeout_s``, when set, still caps the whole step. A real process stands in for the step script. The
 loop shows the step's progress lines in a log too, not only in a terminal's status line."""
 
 from __future__ import annotations

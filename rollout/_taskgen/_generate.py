@@ -70,12 +70,9 @@ def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=
     whose reference solution (``solution/actions.json``, what the scripted teacher plays) is the careful one, which
     looks first or recovers from the error instead of knowing what the step hides (``check`` and ``recover``)."""
     fam = family(family_name)
-    if isinstance(careful, bool) or not isinstance(careful, int | float) or not 0 <= careful <= 1:
-        raise TaskGenError(f"--careful {careful!r}: the share of steps whose reference solution looks first instead "
-                           "of knowing what the step hides is a number from 0 to 1, e.g. 0.5")
     if difficulties is None:
         difficulties = getattr(fam, "DIFFICULTIES", (1, 2, 3))
-    difficulties = _check(fam, train=train, heldout=heldout, seed=seed, difficulties=difficulties)
+    difficulties = _check(fam, train=train, heldout=heldout, seed=seed, difficulties=difficulties, careful=careful)
     p = Plan(family_name)
     for split, n in zip(SPLITS, (train, heldout)):
         for task_seed, diff, draft in _walk(fam, split, n, seed, difficulties):
@@ -94,12 +91,16 @@ def plan(family_name: str, *, train: int, heldout: int, seed: int, difficulties=
     return p
 
 
-def _check(fam: ModuleType, *, train: int, heldout: int, seed: int, difficulties) -> tuple[int, ...]:
+def _check(fam: ModuleType, *, train: int, heldout: int, seed: int, difficulties, careful: float = 0.0
+           ) -> tuple[int, ...]:
     for name, n in (("train", train), ("heldout", heldout)):
         if not isinstance(n, int) or n < 0:
             raise TaskGenError(f"--{name} {n!r}: the number of tasks must be 0 or more")
     if train + heldout == 0:
         raise TaskGenError("--train 0 --heldout 0: nothing to generate; ask for at least one task")
+    if isinstance(careful, bool) or not isinstance(careful, int | float) or not 0 <= careful <= 1:
+        raise TaskGenError(f"--careful {careful!r}: the share of steps whose reference solution looks first instead "
+                           "of knowing what the step hides is a number from 0 to 1, e.g. 0.5")
     if not isinstance(seed, int) or not 0 <= seed < 10**9:
         raise TaskGenError(f"--seed {seed!r}: pass an integer from 0 to 999999999")
     diffs = tuple(difficulties)
