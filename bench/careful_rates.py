@@ -46,17 +46,16 @@ def first_call_reads(steps) -> bool | None:
 def version_rows(store, run_id: str) -> dict[str, list[dict]]:
     """task id -> one row per rollout of the run: family, passed, looked first, failed calls, recovered."""
     from forge_store import RolloutFilter
-    from learner import tool_steps
-    from learner._rubrics import error_recovery
+    from learner import rollout_rubrics, tool_steps
 
     infos = [r for r in store.iter_rollouts(RolloutFilter(run_id=run_id)) if r.outcome is not None]
     calls = store.calls_by_rollout([r.id for r in infos])
     out = defaultdict(list)
     for r in infos:
-        steps = tool_steps(calls[r.id])
-        failed, recovered = error_recovery(steps)
+        rubrics = rollout_rubrics(calls[r.id])   # the error_recovery rubric's counts, as `openforge analyze` has them
         out[r.task_id].append({"family": r.task_id.split("-")[0], "passed": r.outcome == "success",
-                               "looked": first_call_reads(steps), "failed": failed, "recovered": recovered})
+                               "looked": first_call_reads(tool_steps(calls[r.id])), "failed": rubrics.failed,
+                               "recovered": rubrics.recovered})
     return out
 
 
