@@ -4,7 +4,8 @@ With a careful teacher (``openforge demo --careful P``) the demonstrations look 
 ``check`` and ``recover`` steps (``tail -c 1 f | wc -l``; the natural command, its error, then the fix). SFT
 imitates that share; GRPO can raise it where looking pays. This bench reads every named version's sampled held-out
 evaluation (``--eval-samples K``) and prints, by family: success, the share of rollouts whose first tool call only
-reads (it writes nothing: no redirection, mv, cp, rm, mkdir, sed -i, touch or write_file), success with and without
+looks (the ``inspect_first_rate`` rubric of ``openforge analyze --compare``: no write, mv, cp, rm, mkdir...), success
+with and without
 that first look, the share of rollouts that met a tool error, and the share of failed calls the next call recovered
 from (the ``error_recovery`` rubric). Then the paired difference (by task, bootstrap over tasks) of the look share
 and of success between the first two versions.
@@ -27,34 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WRITES = re.compile(r"(?<![0-9&])>(?!&)|\b(mv|cp|rm|mkdir|touch|tee|truncate)\b|sed\s+-i")
-
-
-def first_call_reads(steps) -> bool | None:
-    """Whether the rollout's first tool call only reads (None: no tool call)."""
-    if not steps:
-        return None
-    s = steps[0]
-    if s.name == "write_file":
-        return False
-    if s.name == "read_file":
-        return True
-    command = (s.arguments or {}).get("command", s.arguments_raw) if s.name == "bash" else s.arguments_raw
-    return not WRITES.search(str(command))
-
-
 def version_rows(store, run_id: str) -> dict[str, list[dict]]:
     """task id -> one row per rollout of the run: family, passed, looked first, failed calls, recovered."""
     from forge_store import RolloutFilter
-    from learner import rollout_rubrics, tool_steps
+    from learner import rollout_rubrics
 
     infos = [r for r in store.iter_rollouts(RolloutFilter(run_id=run_id)) if r.outcome is not None]
     calls = store.calls_by_rollout([r.id for r in infos])
     out = defaultdict(list)
     for r in infos:
-        rubrics = rollout_rubrics(calls[r.id])   # the error_recovery rubric's counts, as `openforge analyze` has them
+        rubrics = rollout_rubrics(calls[r.id])   # the rubrics' own rules, as `openforge analyze --compare` has them
         out[r.task_id].append({"family": r.task_id.split("-")[0], "passed": r.outcome == "success",
-                               "looked": first_call_reads(tool_steps(calls[r.id])), "failed": rubrics.failed,
+                               "looked": rubrics.inspected_first, "failed": rubrics.failed,
                                "recovered": rubrics.recovered})
     return out
 

@@ -15,8 +15,8 @@ from forge_store import RolloutInfo, Store, Window
 from learner import RubricConfig, pass_at_k, pass_hat_k, rubric_summary, wilson_interval
 
 SIDES = {"policy version": "policy_version_id", "harness": "harness_id"}
-RUBRICS = ("rollouts", "shell_share", "format_ok_rate", "recovery_rate", "self_verification_rate", "tool_coverage",
-           "step_efficiency")
+RUBRICS = ("rollouts", "shell_share", "format_ok_rate", "recovery_rate", "self_verification_rate",
+           "inspect_first_rate", "tool_coverage", "step_efficiency")
 PAGE_COLUMNS = ["id", "task_id", "harness_id", "policy_version_id", "outcome", "started_at", "ended_at", "reward",
                 "calls"]
 

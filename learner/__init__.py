@@ -22,7 +22,8 @@ from ._rescore import RescoreError, RescoreResult, rescore
 from ._reconstruct import Reconstruction, Segment, reconstruct, reconstruct_rollout, reconstruct_tokens
 from ._report import comparison_rows, print_comparison, print_table
 from ._export_location import export_to, verify_at
-from ._rubrics import RolloutRubrics, ToolStep, pass_at_k, pass_hat_k, rollout_rubrics, tool_steps, wilson_interval
+from ._rubrics import RolloutRubrics, ToolStep, rollout_rubrics, tool_steps
+from ._stats import pass_at_k, pass_hat_k, wilson_interval
 from ._train import TrainError, TrainResult, train
 
 __all__ = ["AnalysisError", "Difference", "EXPORTERS", "ExportConfig", "ExportError", "Exporter", "GrpoConfig",

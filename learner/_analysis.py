@@ -25,7 +25,7 @@ from forge_store import REWARD_SOURCES, RolloutFilter, RolloutInfo, Store
 
 from ._analysis_config import CATEGORIES, RubricConfig
 from ._rollout_facts import RolloutFacts, collector_paused, iter_facts, rollout_facts
-from ._rubrics import pass_at_k, pass_hat_k, percentile
+from ._stats import pass_at_k, pass_hat_k, percentile
 
 SLICES = ("policy_version", "harness", "domain")
 
@@ -76,6 +76,8 @@ class _Slice:
     recovered: int = 0
     wrote: int = 0
     verified: int = 0
+    tooled: int = 0            # rollouts with a tool call
+    inspected_first: int = 0   # of them, those whose first tool call only looks
     coverage: list = field(default_factory=list)
     efficiency: list = field(default_factory=list)  # of rollouts that passed
     tools: Counter = field(default_factory=Counter)
@@ -103,6 +105,9 @@ class _Slice:
         if r.wrote:
             self.wrote += 1
             self.verified += bool(r.self_verified)
+        if r.inspected_first is not None:
+            self.tooled += 1
+            self.inspected_first += r.inspected_first
         self.coverage.append(r.coverage)
         if f.passed:
             self.efficiency.append(r.efficiency)
@@ -170,7 +175,8 @@ def _behaviour(s: _Slice) -> dict:
         "rollouts": s.rollouts, "tool_calls": s.tool_calls, "tool_calls_per_rollout": _ratio(s.tool_calls, s.rollouts),
         "shell_share": _ratio(s.shell, s.tool_calls), "format_ok_rate": _ratio(s.format_ok, s.tool_calls),
         "failed_tool_calls": s.failed, "recovery_rate": _ratio(s.recovered, s.failed),
-        "self_verification_rate": _ratio(s.verified, s.wrote), "tool_coverage": _mean(s.coverage),
+        "self_verification_rate": _ratio(s.verified, s.wrote),
+        "inspect_first_rate": _ratio(s.inspected_first, s.tooled), "tool_coverage": _mean(s.coverage),
         # over rollouts that passed: a rollout that gives up after one call is not "efficient"
         "step_efficiency": _mean(s.efficiency),
     }

@@ -56,6 +56,11 @@ _DEFAULT_SHELL_WRITES = (r"(?<![<>&\d])>{1,2}\s*(?P<path>[^\s;|&<>]+)", r"\btee\
                          r"\bsed\s+-i\S*\s+(?:'[^']*'|\"[^\"]*\"|\S+)\s+(?P<path>[^\s;|&<>]+)",
                          r"\btouch\s+(?P<path>[^\s;|&<>]+)")
 
+# Shell commands that change something the write patterns above do not name as a path: moves, copies, removals, new
+# folders, links, modes, package installs, git's writes. A call with one of these (or a write) is not an inspection.
+_DEFAULT_SHELL_CHANGES = (r"\b(mv|cp|rm|rmdir|mkdir|ln|chmod|chown|truncate|install|patch|dd)\s",
+                          r"\bgit\s+(add|commit|checkout|switch|reset|restore|apply|stash|rm|mv|merge|rebase|push)\b",
+                          r"\b(pip3?|npm|yarn|pnpm|apt|apt-get|uv)\s+(install|uninstall|remove|add|sync)\b")
 _DEFAULT_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "notebook_path", "target_file")
 _DEFAULT_COMMAND_KEYS = ("command", "cmd", "script", "input")
 # tool-call markup of common chat templates: Hermes / Qwen / SmolLM2, Llama 3's python tag, Llama 3.x / Functionary
@@ -120,6 +125,10 @@ def _fold(text: str) -> str:
     return text.lower() if text.isascii() else text.translate(_FOLD).lower()
 
 
+_PATTERN_FIELDS = ("error_patterns", "readback_patterns", "test_run_patterns", "shell_write_patterns",
+                   "shell_change_patterns")
+
+
 class RubricConfigError(ValueError):
     """A rubric configuration (TOML or dataclass) that cannot be used."""
 
@@ -133,6 +142,7 @@ class RubricConfig:
     readback_patterns: tuple[str, ...] = _DEFAULT_READBACK
     test_run_patterns: tuple[str, ...] = _DEFAULT_TEST_RUNS
     shell_write_patterns: tuple[str, ...] = _DEFAULT_SHELL_WRITES
+    shell_change_patterns: tuple[str, ...] = _DEFAULT_SHELL_CHANGES
     path_keys: tuple[str, ...] = _DEFAULT_PATH_KEYS
     command_keys: tuple[str, ...] = _DEFAULT_COMMAND_KEYS
     # An answer without tool calls whose text holds one of these opened a call the server's parser could not read
@@ -157,16 +167,15 @@ class RubricConfig:
                     raise RubricConfigError(f"tool {name!r} is in categories {seen[name]!r} and {cat!r}: "
                                             "a tool has one category; remove it from one list")
                 seen[name] = cat
-        for attr in ("error_patterns", "readback_patterns", "test_run_patterns", "shell_write_patterns"):
+        for attr in _PATTERN_FIELDS:
             for pat in getattr(self, attr):
                 try:
                     re.compile(pat)
                 except re.error as exc:
                     raise RubricConfigError(f"{attr}: {pat!r} is not a valid regex ({exc}); fix or remove it") from None
         object.__setattr__(self, "_by_name", seen)
-        object.__setattr__(self, "_compiled", {a: tuple(re.compile(p) for p in getattr(self, a)) for a in
-                                               ("error_patterns", "readback_patterns", "test_run_patterns",
-                                                "shell_write_patterns")})
+        object.__setattr__(self, "_compiled", {a: tuple(re.compile(p) for p in getattr(self, a))
+                                               for a in _PATTERN_FIELDS})
 
     def category(self, tool_name: str | None) -> str:
         """The category of a tool by exact name; tools in no list are service-specific."""

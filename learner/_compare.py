@@ -14,7 +14,8 @@ other) gives a p-value beside the interval.
 
 Rubrics (the rules are ``learner._rubrics``'s): success rate, pass@k and pass^k (over tasks with at least k
 rollouts), success by family (the task's domain) and by difficulty, each tool's share of tool calls, tool coverage,
-self-verification rate (rollouts whose every written path was read back, of rollouts that wrote), error-recovery
+self-verification rate (rollouts whose every written path was read back, of rollouts that wrote), inspect-first rate
+(rollouts whose first tool call only looks, of rollouts with a tool call), error-recovery
 rate (failed tool calls followed by a different successful one), step efficiency (over passed rollouts), tool
 calls per rollout. Rates are pooled over the resampled tasks (ratio of sums), as ``openforge analyze`` pools them.
 """
@@ -27,7 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ._rubrics import pass_at_k, pass_hat_k
+from ._stats import pass_at_k, pass_hat_k
 
 Z = 1.959963984540054
 
@@ -47,6 +48,8 @@ class TaskAgg:
     failed: int = 0
     recovered: int = 0
     unparsed: int = 0
+    tooled: int = 0            # rollouts with a tool call
+    inspected_first: int = 0   # of them, those whose first tool call only looks
     coverage: list = field(default_factory=list)
     efficiency: list = field(default_factory=list)
 
@@ -62,6 +65,9 @@ class TaskAgg:
             self.verified += int(bool(r.self_verified))
         self.failed += r.failed
         self.recovered += r.recovered
+        if r.inspected_first is not None:
+            self.tooled += 1
+            self.inspected_first += int(r.inspected_first)
         if r.coverage is not None:
             self.coverage.append(r.coverage)
         if facts.passed and r.efficiency is not None:
@@ -111,6 +117,7 @@ def metrics(tool_names: Iterable[str], families: Iterable[str], difficulties: It
         "tool_calls_per_rollout": lambda ts: _ratio(sum(t.tool_calls for t in ts), sum(t.n for t in ts)),
         "self_verification_rate": lambda ts: _ratio(sum(t.verified for t in ts), sum(t.wrote for t in ts)),
         "recovery_rate": lambda ts: _ratio(sum(t.recovered for t in ts), sum(t.failed for t in ts)),
+        "inspect_first_rate": lambda ts: _ratio(sum(t.inspected_first for t in ts), sum(t.tooled for t in ts)),
         "failed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.failed for t in ts), sum(t.n for t in ts)),
         "unparsed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.unparsed for t in ts), sum(t.n for t in ts)),
         "tool_coverage": lambda ts: _mean(x for t in ts for x in t.coverage),

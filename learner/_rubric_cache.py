@@ -32,6 +32,7 @@ from ._rubrics import (
     _norm_args,
     _norm_path,
     _paths_written,
+    changes_state,
     step_efficiency,
     tool_coverage,
     tool_results,
@@ -51,6 +52,7 @@ class _Call:
     test_run: bool  # a shell command that runs tests
     readback: bool  # a shell command that reads paths back
     command: str
+    changes: bool  # it acts rather than only looks (learner._rubrics.changes_state)
 
 
 class _Memo(dict):
@@ -114,7 +116,8 @@ class RubricCache:
                      read=tuple(_norm_path(a[k]) for k in config.path_keys if isinstance(a.get(k), str))
                      if step.category in (READ, SEARCH) else (),
                      test_run=shell and config.matches_any("test_run_patterns", command),
-                     readback=shell and config.matches_any("readback_patterns", command), command=command)
+                     readback=shell and config.matches_any("readback_patterns", command), command=command,
+                     changes=changes_state(step, config))
 
     def failed(self, result: str) -> bool:
         got = self._failed.get(result)
@@ -159,7 +162,8 @@ class RubricCache:
             wrote=verified is not None, self_verified=verified,
             coverage=tool_coverage([s for s, _, _ in steps], meta.get("required_tools")),
             efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
-            unparsed=sum(unparsed_tool_call(c, self.config.unparsed_markers) for c in calls))
+            unparsed=sum(unparsed_tool_call(c, self.config.unparsed_markers) for c in calls),
+            inspected_first=not steps[0][0].changes if steps else None)
 
     @staticmethod
     def _recovery(steps: list[tuple[_Call, bool, bool]]) -> tuple[int, int]:

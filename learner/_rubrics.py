@@ -1,4 +1,5 @@
-"""Behaviour rubrics over stored trajectories: functions of one rollout's calls, plus pass@k / pass^k.
+"""Behaviour rubrics over stored trajectories: functions of one rollout's calls (pass@k / pass^k are in
+:mod:`learner._stats`).
 
 The rules (every list and pattern lives in :class:`learner._analysis_config.RubricConfig`):
 
@@ -16,26 +17,26 @@ The rules (every list and pattern lives in :class:`learner._analysis_config.Rubr
 * **Self-verification** (rollouts that wrote at least one path): every path written (write tools' path
   arguments, ``apply_patch`` file headers, shell redirections / tee / ``sed -i`` / touch) was read back after its
   last write (a read or search tool on it, or a read-back shell command naming it), or a test run came after it.
+* **Inspects first** (rollouts with a tool call): the first tool call only looks: a read or search tool, or a
+  shell command that writes no path and matches no ``shell_change_patterns`` (``mv``, ``cp``, ``rm``, ``mkdir``, ...).
+  A write tool or a service-specific one acts. What a program run from the shell does (``python x.py``) cannot be
+  told from its command line and counts as a look.
 * **Unparsed tool calls**: answers with no tool call whose text holds tool-call markup (``unparsed_markers``): the
   server's parser could not read the call, and the turn ended on it (:mod:`learner._answers`).
 * **Tool coverage**: share of the task's ``required_tools`` (tasks.metadata) called; a requirement may name a tool
   or a category (``shell``, ``read``, ...).
 * **Step efficiency**: ``reference_steps`` (tasks.metadata) / model calls taken, capped at 1; the analysis tables
   average it over rollouts that passed (giving up early is not efficiency).
-* **pass@k** = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, unbiased) and **pass^k** = C(c, k) / C(n, k) (Yao et al.
-  2024, all k attempts pass), over the n graded rollouts of a task of which c passed; undefined when n < k.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import orjson
 
@@ -84,6 +85,7 @@ class RolloutRubrics:
     coverage: float | None
     efficiency: float | None
     unparsed: int = 0   # answers holding a tool call the server's parser could not read
+    inspected_first: bool | None = None   # the first tool call only looks (None: no tool call)
 
     @property
     def format_rate(self) -> float | None:
@@ -311,6 +313,18 @@ def self_verification(steps: Sequence[ToolStep], config: RubricConfig | None = N
     return (not pending) if wrote else None
 
 
+def changes_state(step: ToolStep, config: RubricConfig) -> bool:
+    """Whether a tool call acts (writes, moves, removes, installs...) rather than only looks: see "Inspects first"."""
+    if step.category in (READ, SEARCH):
+        return False
+    if step.category != SHELL:
+        return True
+    if step.arguments is None:   # arguments that do not parse: their raw text is all there is to read
+        raw = step.arguments_raw
+        return config.matches_any("shell_change_patterns", raw) or config.matches_any("shell_write_patterns", raw)
+    return bool(_paths_written(step, config)) or config.matches_any("shell_change_patterns", _command(step, config))
+
+
 def tool_coverage(steps: Sequence[ToolStep], required: Sequence[str] | None) -> float | None:
     """Share of required tools (names or categories) called at least once; None when the task requires none."""
     if not required:
@@ -344,55 +358,5 @@ def rollout_rubrics(calls: Sequence[StoredCall | CallSummary], *, task_metadata:
         format_ok=sum(s.format_ok for s in steps), failed=failed, recovered=recovered, wrote=verified is not None,
         self_verified=verified, coverage=tool_coverage(steps, meta.get("required_tools")),
         efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
-        unparsed=sum(unparsed_tool_call(c, config.unparsed_markers) for c in calls))
-
-
-# ---- pass@k, pass^k, percentiles ------------------------------------------------------------------------------
-def pass_at_k_exact(n: int, c: int, k: int) -> Fraction | None:
-    """1 - C(n-c, k) / C(n, k) as an exact fraction; None when n < k."""
-    _check_counts(n, c, k)
-    return None if n < k else 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
-
-
-def pass_hat_k_exact(n: int, c: int, k: int) -> Fraction | None:
-    """C(c, k) / C(n, k) as an exact fraction; None when n < k."""
-    _check_counts(n, c, k)
-    return None if n < k else Fraction(math.comb(c, k), math.comb(n, k))
-
-
-def pass_at_k(n: int, c: int, k: int) -> float | None:
-    v = pass_at_k_exact(n, c, k)
-    return None if v is None else float(v)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float | None:
-    v = pass_hat_k_exact(n, c, k)
-    return None if v is None else float(v)
-
-
-def _check_counts(n: int, c: int, k: int) -> None:
-    if k < 1 or n < 0 or not 0 <= c <= n:
-        raise ValueError(f"pass@k with n={n}, c={c}, k={k}: need k >= 1 and 0 <= c <= n")
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
-    """Wilson's score interval (95% by default) for a success rate ``successes / n``; None without a trial.
-
-    Unlike the normal approximation it stays inside [0, 1] and is honest at the small counts a laptop run has:
-    0 of 20 gives [0, 0.16], not [0, 0]."""
-    if n <= 0:
-        return None
-    p, denom = successes / n, 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+        unparsed=sum(unparsed_tool_call(c, config.unparsed_markers) for c in calls),
+        inspected_first=not changes_state(steps[0], config) if steps else None)

@@ -17,7 +17,8 @@ from forge_store.testing import REACT_TOOLS, T0, Turn, agent_calls
 from learner._analysis import SLICES, analyze, collect
 from learner._analysis_config import CATEGORIES, RubricConfig
 from learner._rubric_cache import RubricCache
-from learner._rubrics import pass_at_k, pass_hat_k, percentile, rollout_rubrics
+from learner._rubrics import rollout_rubrics
+from learner._stats import pass_at_k, pass_hat_k, percentile
 
 CODEX_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
                for n in ("exec_command", "apply_patch", "shell")]
@@ -141,6 +142,7 @@ def _reference_tables(facts: list[dict], by: str, excluded: dict, config: Rubric
             "format_ok_rate": sum(r.format_ok for r in rs) / calls if calls else None, "failed_tool_calls": failed,
             "recovery_rate": sum(r.recovered for r in rs) / failed if failed else None,
             "self_verification_rate": sum(bool(r.self_verified) for r in wrote) / len(wrote) if wrote else None,
+            "inspect_first_rate": _mean(float(r.inspected_first) for r in rs if r.inspected_first is not None),
             "tool_coverage": _mean(r.coverage for r in rs),
             "step_efficiency": _mean(f["rubrics"].efficiency for f in fs if f["passed"])})
         tools, cats = Counter(), Counter()
@@ -163,6 +165,7 @@ def test_cached_rubrics_are_those_of_full_reads(st):
     assert {f["rubrics"].failed > 0 for f in ref} == {True, False}  # the store exercises every rule
     assert {f["rubrics"].self_verified for f in ref} == {True, False, None}
     assert {f["rubrics"].unparsed for f in ref} == {0, 1}
+    assert {f["rubrics"].inspected_first for f in ref} == {True, False, None}
     light = st.call_summaries([f["info"].id for f in ref])
     for cache in (RubricCache(config), RubricCache(config, max_entries=7, max_chars=400)):  # tiny: often cleared
         for f in ref:

@@ -1,4 +1,4 @@
-"""bench/careful_rates.py's rules: which first tool call only reads, the per-family rates from per-rollout rows, and
+"""bench/careful_rates.py's rules: the per-family rates from per-rollout rows, and
 the paired difference by task; a folder without a result is refused before any store opens."""
 
 from __future__ import annotations
@@ -9,32 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from learner import ToolStep
-
 _spec = importlib.util.spec_from_file_location("careful_rates", Path(__file__).parents[1] / "bench" / "careful_rates.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
-
-
-def _step(name: str, **arguments) -> ToolStep:
-    return ToolStep(index=0, call_id="c", call_seq=0, tool_call_id=None, name=name, category="shell",
-                    arguments_raw=json.dumps(arguments), arguments=arguments, format_ok=True, format_problem=None,
-                    result="exit code: 0", failed=False)
-
-
-@pytest.mark.parametrize("command, reads", [
-    ("tail -c 1 a.txt | wc -l", True), ("find . -name a.txt", True), ("ls -R", True), ("cat a.txt 2>/dev/null", True),
-    ("echo x >> a.txt", False), ("wc -l < a.txt > n.txt", False), ("mv a.txt docs/", False),
-    ("mkdir -p d && cp a d/", False), ("sed -i 's/a/b/' f", False), ("rm docs3/a.txt", False),
-])
-def test_a_first_call_reads_when_it_writes_nothing(command, reads):
-    assert bench.first_call_reads([_step("bash", command=command)]) is reads
-
-
-def test_file_tools_and_no_call():
-    assert bench.first_call_reads([_step("read_file", path="a")]) is True
-    assert bench.first_call_reads([_step("write_file", path="a", content="x")]) is False
-    assert bench.first_call_reads([]) is None
 
 
 def _row(family, passed, looked, failed=0, recovered=0):

@@ -12,15 +12,8 @@ from forge_store import open_store
 from forge_store.testing import T0, Turn, agent_calls
 from learner._analysis import analyze, collect, summary_rows
 from learner._analysis_config import RubricConfig, RubricConfigError
-from learner._rubrics import (
-    pass_at_k,
-    pass_at_k_exact,
-    pass_hat_k_exact,
-    percentile,
-    rollout_rubrics,
-    schema_problem,
-    tool_steps,
-)
+from learner._rubrics import rollout_rubrics, schema_problem, tool_steps
+from learner._stats import pass_at_k, pass_at_k_exact, pass_hat_k_exact, percentile
 
 TRACE = "Traceback (most recent call last):\n  File \"t.py\"\nAssertionError\nexit code 1"
 
@@ -210,3 +203,46 @@ def test_toml_config_moves_tools_between_categories(tmp_path):
     assert cfg.pass_threshold == 0.5 and cfg.error_patterns == ("FAILED",)
     with pytest.raises(RubricConfigError, match="no such file"):
         RubricConfig.from_toml(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(("first", "looks"), [
+    (("bash", {"command": "tail -c 1 notes.txt | wc -l"}), True),   # the careful teacher's look
+    (("bash", {"command": "ls data8 && cat a.txt"}), True),
+    (("bash", {"command": "find . -name a.txt"}), True),
+    (("bash", {"command": "cat a.txt 2>/dev/null > /dev/null"}), True),
+    (("bash", {"command": "wc -l < a.txt > n.txt"}), False),
+    (("bash", {"command": "sed -i 's/a/b/' f"}), False),
+    (("bash", {"command": "mkdir -p d && cp a d/"}), False),
+    (("read_file", {"path": "a.txt"}), True),
+    (("Grep", {"pattern": "x"}), True),
+    (("bash", {"command": "echo hi >> a.txt"}), False),               # a write the write patterns name
+    (("bash", {"command": "mv jungle_49.txt data8/"}), False),        # changes the write patterns do not name
+    (("bash", {"command": "mkdir -p data8"}), False),
+    (("bash", {"command": "rm -f old.txt"}), False),
+    (("bash", {"command": "git commit -am wip"}), False),
+    (("bash", {"command": "pip install requests"}), False),
+    (("bash", '{"command": "mkdir data8'), False),                   # unparsed arguments: read as written
+    (("write_file", {"path": "a.txt", "content": "x"}), False),
+    (("deploy", {"to": "prod"}), False),                              # a service tool acts
+])
+def test_inspect_first_is_what_the_first_tool_call_does(st, first, looks):
+    name, args = first
+    _write(st, "r", [Turn([(name, args)], ["ok"]), Turn([("bash", {"command": "mv a b"})], [""]), Turn(text="done")])
+    assert rollout_rubrics(st.calls("r")).inspected_first is looks
+
+
+def test_inspect_first_rate_in_the_tables_and_its_patterns_configurable(st, tmp_path):
+    _write(st, "look", [Turn([("bash", {"command": "wc -l a.txt"})], ["1"]), Turn(text="done")])
+    _write(st, "act", [Turn([("bash", {"command": "cp a b"})], [""]), Turn(text="done")])
+    _write(st, "act2", [Turn([("bash", {"command": "echo x > b"})], [""]), Turn(text="done")])
+    _write(st, "quiet", [Turn(text="nothing to do")])   # no tool call: not in the rate
+    assert rollout_rubrics(st.calls("quiet")).inspected_first is None
+    row = analyze(st)["behaviour"][0]
+    assert row["inspect_first_rate"] == pytest.approx(1 / 3)
+    path = tmp_path / "rubrics.toml"   # a team whose `cp` only ever copies into a scratch folder says so
+    path.write_text('shell_change_patterns = ["\\\\bmv\\\\s"]\n')
+    cfg = RubricConfig.from_toml(path)
+    assert rollout_rubrics(st.calls("act"), config=cfg).inspected_first is True
+    assert rollout_rubrics(st.calls("act2"), config=cfg).inspected_first is False   # the write patterns still count
+    with pytest.raises(RubricConfigError, match="shell_change_patterns: '\\(' is not a valid regex"):
+        RubricConfig(shell_change_patterns=("(",))
