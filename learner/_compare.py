@@ -17,7 +17,9 @@ rollouts), success by family (the task's domain) and by difficulty, each tool's 
 self-verification rate (rollouts whose every written path was read back, of rollouts that wrote), inspect-first rate
 (rollouts whose first tool call only looks, of rollouts with a tool call), error-recovery
 rate (failed tool calls followed by a different successful one), step efficiency (over passed rollouts), tool
-calls per rollout. Rates are pooled over the resampled tasks (ratio of sums), as ``openforge analyze`` pools them.
+calls per rollout; with more than one family, the inspect-first and error-recovery rates of each family's tasks
+alone (a family built to reward looking first or recovering shows its change there, not diluted by the others).
+Rates are pooled over the resampled tasks (ratio of sums), as ``openforge analyze`` pools them.
 """
 
 from __future__ import annotations
@@ -123,6 +125,12 @@ def metrics(tool_names: Iterable[str], families: Iterable[str], difficulties: It
         "tool_coverage": lambda ts: _mean(x for t in ts for x in t.coverage),
         "step_efficiency": lambda ts: _mean(x for t in ts for x in t.efficiency),
     })
+    if len(set(families)) > 1:   # the behaviours a family is built to reward, on that family's tasks alone
+        for fam in sorted(families):
+            out[f"inspect_first_rate[{fam}]"] = lambda ts, fam=fam: _ratio(
+                sum(t.inspected_first for t in ts if t.family == fam), sum(t.tooled for t in ts if t.family == fam))
+            out[f"recovery_rate[{fam}]"] = lambda ts, fam=fam: _ratio(
+                sum(t.recovered for t in ts if t.family == fam), sum(t.failed for t in ts if t.family == fam))
     for name in sorted(tool_names):
         out[f"tool_share[{name}]"] = lambda ts, name=name: _ratio(sum(t.tools[name] for t in ts),
                                                                  sum(t.tool_calls for t in ts))

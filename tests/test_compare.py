@@ -76,6 +76,11 @@ def test_the_comparison_is_paired_by_task_and_counts_only_evaluation(seeded):
     assert diffs["self_verification_rate"].a == 1.0          # every write was read back
     assert diffs["failed_tool_calls_per_rollout"].a == pytest.approx(12 / 20)
     assert diffs["recovery_rate"].a == 1.0                   # cat failed, ls (different) succeeded
+    # a failing rollout looks first (cat), a solving one writes first: A fails 12 of 20 tasks, B 9
+    assert (diffs["inspect_first_rate"].a, diffs["inspect_first_rate"].b) == (12 / 20, 9 / 20)
+    look = diffs["inspect_first_rate[check]"]               # even tasks: A fails 6 of 10, B 4
+    assert (look.a, look.b) == (6 / 10, 4 / 10) and look.paired and look.n_tasks == 20
+    assert diffs["recovery_rate[files]"].a == 1.0 and diffs["recovery_rate[check]"].b == 1.0
     assert "pass@2" not in diffs                             # one rollout per task: pass@k for k > 1 is undefined
 
 
@@ -90,6 +95,7 @@ def test_a_paired_interval_is_narrower_than_unpaired_on_correlated_tasks():
         a[f"t{t}"] = TaskAgg(n=1, passed=int(wa))
         b[f"t{t}"] = TaskAgg(n=1, passed=int(wb))
     paired = compare_tasks(a, b, n_boot=2000)[0]
+    assert not any("rate[" in d.metric for d in compare_tasks(a, b, n_boot=10))  # one family
     unpaired = compare_tasks(a, {f"u{k}": v for k, v in b.items()}, n_boot=2000)[0]
     assert paired.paired and not unpaired.paired and paired.diff == pytest.approx(unpaired.diff)
     width = lambda d: d.ci95[1] - d.ci95[0]  # noqa: E731
