@@ -11,7 +11,7 @@ intervals). Seeds 100 and 101 are none of ``bench/learning_curve.py``'s (0-2), s
 to the tasks the loop reports on.
 
 Usage: python bench/grpo_sweep.py --from DIR (--epoch N | --sft VERSION --seed S) [--pool-seed 101] [--pool-tasks 48]
-       [--loop-pool N] [--eval-samples K] [--eval-rounds] --recipe "temperature=0.8,negative_weight=0" [--recipe ...]
+       [--loop-pool N] [--eval-samples K] [--eval-rounds] [--careful P --max-turns T] --recipe "temperature=0.8,negative_weight=0" [--recipe ...]
 From a ``bench/learning_curve.py --keep DIR --keep-checkpoints`` seed folder (``--from DIR/seedS --sft VERSION --seed
 S``), ``--loop-pool N`` draws the rounds' tasks as that loop did (its own N train tasks, the undemonstrated ones
 first) instead of another generation's, and ``--eval-samples K`` adds the loop's sampled evaluation (K rollouts a
@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--seed (N train tasks, 48 of them demonstrated; undemonstrated first) instead of --pool-seed's")
     ap.add_argument("--eval-samples", type=int, default=0, metavar="K", help="also evaluate K rollouts a held-out "
                     "task at the recipe's temperature, against the SFT version's sampled run in DIR/demo-result.json")
+    ap.add_argument("--careful", type=float, default=0.0, help="the loop's --careful: the share of careful steps its "
+                    "tasks' reference solutions were generated with (the tasks themselves do not change with it)")
+    ap.add_argument("--max-turns", type=int, default=5, help="the loop's --max-turns (turns a rollout may take)")
     ap.add_argument("--recipe", action="append", required=True)
     ap.add_argument("--n-boot", type=int, default=4000)
     ap.add_argument("--eval-rounds", action="store_true", help="evaluate every round's version on the held-out "
@@ -121,7 +124,8 @@ def run(args, recipes) -> dict:
     # generation with another train count, which a generation of the same seed may not overwrite
     base_cfg = LoopConfig(out=home / "sweep", seed=args.seed, train_tasks=args.loop_pool or args.heldout_tasks,
                           demo_tasks=48 if args.loop_pool else args.heldout_tasks, heldout_tasks=args.heldout_tasks,
-                          port=0, control=False, eval_samples=args.eval_samples)
+                          port=0, control=False, eval_samples=args.eval_samples, careful=args.careful,
+                          max_turns=args.max_turns)
     train, demo_tasks, heldout = LearningLoop(base_cfg, console).tasks()
     if args.loop_pool:   # the loop's own order: the undemonstrated train tasks first
         pool = grpo_pool(train, demo_tasks)

@@ -16,7 +16,7 @@ from learner import RubricConfig, pass_at_k, pass_hat_k, rubric_summary, wilson_
 
 SIDES = {"policy version": "policy_version_id", "harness": "harness_id"}
 RUBRICS = ("rollouts", "shell_share", "format_ok_rate", "recovery_rate", "self_verification_rate",
-           "inspect_first_rate", "tool_coverage", "step_efficiency")
+           "inspect_first_rate", "made_up_name_rate", "tool_coverage", "step_efficiency")
 PAGE_COLUMNS = ["id", "task_id", "harness_id", "policy_version_id", "outcome", "started_at", "ended_at", "reward",
                 "calls"]
 

@@ -1,8 +1,9 @@
 """Light, batched reads of calls for behaviour analysis: :class:`CallSummary` for many rollouts at once.
 
 ``Store.calls`` resolves every call's full prompt, which costs O(turns^2) JSON decoding per rollout: right for one
-trajectory, slow for thousands. Behaviour rubrics only need each call's answer, its declared tools and the tool
-messages that are new in its prompt (every tool result is new in exactly one prompt), so this reads only those.
+trajectory, slow for thousands. Behaviour rubrics only need each call's answer, its declared tools and the
+messages that are new in its prompt (every tool result is new in exactly one prompt; the union of the new messages
+over a rollout's calls is everything its prompts showed), so this reads only those.
 
 The messages a chunk's prompt tails name were written with its calls (the writer gives a call's new messages its
 own ingest_seq): one range scan of ``messages`` by ingest_seq around the chunk's calls finds nearly all of them,
@@ -31,14 +32,14 @@ from ._token_calls import json_value
 _calls = schema.Call.__table__
 _messages = schema.Message.__table__
 _tools = schema.ToolSchema.__table__
-_RESULT, _ANSWER = ("tool",), ("tool", "assistant")  # the roles a tool result / an answer is read with
+_ANSWER = ("tool", "assistant")  # the roles an answer is read with
 
 
 @dataclass(frozen=True)
 class CallSummary:
-    """The part of a ``StoredCall`` that behaviour rubrics read. ``messages`` holds only the ``role: "tool"``
-    messages that are new in this call's prompt (its ``prompt_tail``), not the whole prompt; ``tools`` is the
-    decoded tool list ``tool_schema_hash`` names (one object per schema within a read)."""
+    """The part of a ``StoredCall`` that behaviour rubrics read. ``messages`` holds only the messages that are new
+    in this call's prompt (its ``prompt_tail``), not the whole prompt; ``tools`` is the decoded tool list
+    ``tool_schema_hash`` names (one object per schema within a read)."""
 
     id: str
     rollout_id: str
@@ -70,25 +71,25 @@ def call_summaries(conn: sa.Connection, rollout_ids: Sequence[str], chunk: int =
         sa.select(_tools.c.sha256, _tools.c.body).where(ids_in(_tools.c.sha256, schemas, pg)))} if schemas else {}
     for cid, rid, seq, msgs, response, answer, schema_hash in rows:
         out[rid].append(CallSummary(
-            id=cid, rollout_id=rid, seq=seq, messages=[m for m in msgs if m.get("role") == "tool"],
+            id=cid, rollout_id=rid, seq=seq, messages=msgs,
             tools=tools.get(schema_hash), response=response, response_message=answer, tool_schema_hash=schema_hash))
     return out
 
 
 def _resolved(conn: sa.Connection, rows: list, pg: bool, margin: int, width: int) -> list[tuple]:
-    """Each call row with its tail's tool results and its answer decoded:
-    (id, rollout_id, seq, tool messages, response, answer, tool_schema_hash)."""
+    """Each call row with its tail's messages and its answer decoded:
+    (id, rollout_id, seq, new messages, response, answer, tool_schema_hash)."""
     if not rows:
         return []
     tails = [t or () for t in _json_values([r[3] for r in rows], pg)]
     answers = {r[5] for r in rows if r[5]}
-    results: dict[str, str] = {}  # hash -> body of a tool message
+    results: dict[str, str] = {}  # hash -> body of a message
     answer_bodies: dict[str, str] = {}  # hash -> body of a tool or assistant message (read only for answers)
     seen: set[str] = set()
 
     def take(found: list) -> None:
         seen.update(map(itemgetter(0), found))
-        results.update((h, body) for h, role, body in found if role == "tool")
+        results.update((h, body) for h, role, body in found if body is not None)
         if answers:
             answer_bodies.update((h, body) for h, role, body in found
                                  if body is not None and role in _ANSWER and h in answers)
@@ -97,14 +98,11 @@ def _resolved(conn: sa.Connection, rows: list, pg: bool, margin: int, width: int
     seqs = list(map(itemgetter(7), rows))
     lo, hi = min(seqs) - margin, max(seqs)
     if hi - lo <= width * len(rows) + margin:
-        wanted = _RESULT + (_ANSWER if answers else ())
-        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
-            (_messages.c.role.in_(wanted), _messages.c.body), else_=sa.null())).where(
+        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, _messages.c.body).where(
             _messages.c.ingest_seq.between(lo, hi))).all())
     missing = sorted((named | answers) - seen)
     for i in range(0, len(missing), 5000):
-        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, sa.case(
-            (_messages.c.role.in_(_ANSWER), _messages.c.body), else_=sa.null())).where(
+        take(conn.execute(sa.select(_messages.c.sha256, _messages.c.role, _messages.c.body).where(
             ids_in(_messages.c.sha256, missing[i:i + 5000], pg))).all())
     used = list(named & results.keys())
     decoded = dict(zip(used, _loads_all([results[h] for h in used])))

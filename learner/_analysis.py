@@ -78,6 +78,8 @@ class _Slice:
     verified: int = 0
     tooled: int = 0            # rollouts with a tool call
     inspected_first: int = 0   # of them, those whose first tool call only looks
+    names: int = 0             # file names in tool calls
+    made_up: int = 0           # of them, names nothing shown before held
     coverage: list = field(default_factory=list)
     efficiency: list = field(default_factory=list)  # of rollouts that passed
     tools: Counter = field(default_factory=Counter)
@@ -108,6 +110,8 @@ class _Slice:
         if r.inspected_first is not None:
             self.tooled += 1
             self.inspected_first += r.inspected_first
+        self.names += r.names
+        self.made_up += r.made_up
         self.coverage.append(r.coverage)
         if f.passed:
             self.efficiency.append(r.efficiency)
@@ -176,7 +180,8 @@ def _behaviour(s: _Slice) -> dict:
         "shell_share": _ratio(s.shell, s.tool_calls), "format_ok_rate": _ratio(s.format_ok, s.tool_calls),
         "failed_tool_calls": s.failed, "recovery_rate": _ratio(s.recovered, s.failed),
         "self_verification_rate": _ratio(s.verified, s.wrote),
-        "inspect_first_rate": _ratio(s.inspected_first, s.tooled), "tool_coverage": _mean(s.coverage),
+        "inspect_first_rate": _ratio(s.inspected_first, s.tooled), "made_up_name_rate": _ratio(s.made_up, s.names),
+        "tool_coverage": _mean(s.coverage),
         # over rollouts that passed: a rollout that gives up after one call is not "efficient"
         "step_efficiency": _mean(s.efficiency),
     }

@@ -65,6 +65,10 @@ _DEFAULT_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "note
 _DEFAULT_COMMAND_KEYS = ("command", "cmd", "script", "input")
 # tool-call markup of common chat templates: Hermes / Qwen / SmolLM2, Llama 3's python tag, Llama 3.x / Functionary
 _DEFAULT_UNPARSED_MARKERS = ("<tool_call>", "<|python_tag|>", "<function=")
+# A file name with an extension (its last path component), ASCII only: what "Made-up names" looks for in tool-call
+# arguments and in everything the rollout was shown (learner._rubrics.names_in).
+_DEFAULT_NAME_PATTERNS = (r"(?<![A-Za-z0-9_.-])[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*\.[A-Za-z][A-Za-z0-9]{0,5}"
+                          r"(?![A-Za-z0-9_-])",)
 
 
 def _required(items, fold: bool) -> frozenset[str] | None:
@@ -126,7 +130,7 @@ def _fold(text: str) -> str:
 
 
 _PATTERN_FIELDS = ("error_patterns", "readback_patterns", "test_run_patterns", "shell_write_patterns",
-                   "shell_change_patterns")
+                   "shell_change_patterns", "name_patterns")
 
 
 class RubricConfigError(ValueError):
@@ -148,6 +152,8 @@ class RubricConfig:
     # An answer without tool calls whose text holds one of these opened a call the server's parser could not read
     # (learner._answers).
     unparsed_markers: tuple[str, ...] = _DEFAULT_UNPARSED_MARKERS
+    # File names: a name a tool call's arguments hold that nothing the rollout was shown holds is made up.
+    name_patterns: tuple[str, ...] = _DEFAULT_NAME_PATTERNS
     # A rollout passes (for pass@k / pass^k) when its latest reward is >= this; without a reward, when its
     # outcome is "success".
     pass_threshold: float = 1.0

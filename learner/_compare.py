@@ -15,7 +15,8 @@ other) gives a p-value beside the interval.
 Rubrics (the rules are ``learner._rubrics``'s): success rate, pass@k and pass^k (over tasks with at least k
 rollouts), success by family (the task's domain) and by difficulty, each tool's share of tool calls, tool coverage,
 self-verification rate (rollouts whose every written path was read back, of rollouts that wrote), inspect-first rate
-(rollouts whose first tool call only looks, of rollouts with a tool call), error-recovery
+(rollouts whose first tool call only looks, of rollouts with a tool call), made-up name rate (file names in tool
+calls that nothing the rollout was shown held, of all file names in tool calls), error-recovery
 rate (failed tool calls followed by a different successful one), step efficiency (over passed rollouts), tool
 calls per rollout; with more than one family, the inspect-first and error-recovery rates of each family's tasks
 alone (a family built to reward looking first or recovering shows its change there, not diluted by the others).
@@ -52,6 +53,8 @@ class TaskAgg:
     unparsed: int = 0
     tooled: int = 0            # rollouts with a tool call
     inspected_first: int = 0   # of them, those whose first tool call only looks
+    names: int = 0             # file names in tool calls
+    made_up: int = 0           # of them, names nothing shown before held
     coverage: list = field(default_factory=list)
     efficiency: list = field(default_factory=list)
 
@@ -70,6 +73,8 @@ class TaskAgg:
         if r.inspected_first is not None:
             self.tooled += 1
             self.inspected_first += int(r.inspected_first)
+        self.names += r.names
+        self.made_up += r.made_up
         if r.coverage is not None:
             self.coverage.append(r.coverage)
         if facts.passed and r.efficiency is not None:
@@ -120,6 +125,7 @@ def metrics(tool_names: Iterable[str], families: Iterable[str], difficulties: It
         "self_verification_rate": lambda ts: _ratio(sum(t.verified for t in ts), sum(t.wrote for t in ts)),
         "recovery_rate": lambda ts: _ratio(sum(t.recovered for t in ts), sum(t.failed for t in ts)),
         "inspect_first_rate": lambda ts: _ratio(sum(t.inspected_first for t in ts), sum(t.tooled for t in ts)),
+        "made_up_name_rate": lambda ts: _ratio(sum(t.made_up for t in ts), sum(t.names for t in ts)),
         "failed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.failed for t in ts), sum(t.n for t in ts)),
         "unparsed_tool_calls_per_rollout": lambda ts: _ratio(sum(t.unparsed for t in ts), sum(t.n for t in ts)),
         "tool_coverage": lambda ts: _mean(x for t in ts for x in t.coverage),

@@ -21,6 +21,7 @@ from forge_store import CallSummary
 
 from ._analysis_config import READ, SEARCH, SHELL, RubricConfig
 from ._answers import unparsed_tool_call
+from ._names import argument_names, made_up_names, names_in
 from ._rubrics import (
     RolloutRubrics,
     ToolStep,
@@ -53,6 +54,7 @@ class _Call:
     readback: bool  # a shell command that reads paths back
     command: str
     changes: bool  # it acts rather than only looks (learner._rubrics.changes_state)
+    names: frozenset[str]  # the file names its arguments hold (learner._names.argument_names)
 
 
 class _Memo(dict):
@@ -84,6 +86,7 @@ class RubricCache:
         self._calls = _Memo(max_entries, max_chars)
         self._failed = _Memo(max_entries, max_chars)
         self._mentions = _Memo(max_entries, max_chars)
+        self._names = _Memo(max_entries, max_chars)
 
     def declared(self, call: CallSummary) -> dict | None:
         h = call.tool_schema_hash
@@ -117,12 +120,18 @@ class RubricCache:
                      if step.category in (READ, SEARCH) else (),
                      test_run=shell and config.matches_any("test_run_patterns", command),
                      readback=shell and config.matches_any("readback_patterns", command), command=command,
-                     changes=changes_state(step, config))
+                     changes=changes_state(step, config), names=argument_names(raw, self.names))
 
     def failed(self, result: str) -> bool:
         got = self._failed.get(result)
         if got is None:
             got = self._failed.put(result, self.config.matches_any("error_patterns", result), len(result))
+        return got
+
+    def names(self, text: str) -> frozenset[str]:
+        got = self._names.get(text)
+        if got is None:
+            got = self._names.put(text, names_in(text, self.config), len(text))
         return got
 
     def mentions(self, command: str, path: str) -> bool:
@@ -139,8 +148,10 @@ class RubricCache:
         ordered = sorted(calls, key=lambda c: (c.seq, c.id))
         results = tool_results(ordered)
         steps: list[tuple[_Call, bool, bool]] = []  # (call, has a result, failed)
+        names: list[list[frozenset[str]]] = []  # each call's tool calls' names
         for c in ordered:
             tcs = _assistant_tool_calls(c)
+            names.append([])
             if not tcs:
                 continue
             declared = self.declared(c)
@@ -150,10 +161,12 @@ class RubricCache:
                 step = self.call(c.tool_schema_hash, declared, name, fn.get("arguments", fn.get("input")))
                 result = results.get(str(tc["id"])) if tc.get("id") is not None else None
                 steps.append((step, result is not None, result is not None and self.failed(result)))
+                names[-1].append(step.names)
         failed, recovered = self._recovery(steps)
         verified = self._verified(steps)
         cats = Counter(s.category for s, _, _ in steps)
         n = len(steps)
+        named, made_up = made_up_names(ordered, names, self.names)
         return RolloutRubrics(
             rollout_id=rollout_id if rollout_id is not None else (calls[0].rollout_id if calls else None),
             n_calls=len(calls), n_tool_calls=n, tool_counts=dict(Counter(s.name for s, _, _ in steps)),
@@ -163,7 +176,7 @@ class RubricCache:
             coverage=tool_coverage([s for s, _, _ in steps], meta.get("required_tools")),
             efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
             unparsed=sum(unparsed_tool_call(c, self.config.unparsed_markers) for c in calls),
-            inspected_first=not steps[0][0].changes if steps else None)
+            inspected_first=not steps[0][0].changes if steps else None, names=named, made_up=made_up)
 
     @staticmethod
     def _recovery(steps: list[tuple[_Call, bool, bool]]) -> tuple[int, int]:

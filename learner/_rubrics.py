@@ -21,6 +21,10 @@ The rules (every list and pattern lives in :class:`learner._analysis_config.Rubr
   shell command that writes no path and matches no ``shell_change_patterns`` (``mv``, ``cp``, ``rm``, ``mkdir``, ...).
   A write tool or a service-specific one acts. What a program run from the shell does (``python x.py``) cannot be
   told from its command line and counts as a look.
+* **Made-up names** (of the file names tool calls hold): a name (``name_patterns``: a last path component with an
+  extension) in a tool call's arguments that nothing the rollout had shown the model before that answer holds (its
+  prompts so far, every role, and its own earlier answers) is made up: a file name copied wrong, or one from another
+  task. Names the model coins in one answer and reuses in later ones count once.
 * **Unparsed tool calls**: answers with no tool call whose text holds tool-call markup (``unparsed_markers``): the
   server's parser could not read the call, and the turn ended on it (:mod:`learner._answers`).
 * **Tool coverage**: share of the task's ``required_tools`` (tasks.metadata) called; a requirement may name a tool
@@ -38,12 +42,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import orjson
-
 from forge_store import CallSummary, StoredCall
 
 from ._analysis_config import READ, SEARCH, SHELL, WRITE, RubricConfig
 from ._answers import unparsed_tool_call
+from ._names import _loads, _text, argument_names, made_up_names, names_in
 
 _PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (.+)$", re.M)
 _PATCH_MOVE = re.compile(r"^\*\*\* Move to: (.+)$", re.M)
@@ -86,6 +89,12 @@ class RolloutRubrics:
     efficiency: float | None
     unparsed: int = 0   # answers holding a tool call the server's parser could not read
     inspected_first: bool | None = None   # the first tool call only looks (None: no tool call)
+    names: int = 0      # file names in tool-call arguments (distinct within each call)
+    made_up: int = 0    # of them, names nothing shown before held
+
+    @property
+    def made_up_rate(self) -> float | None:
+        return self.made_up / self.names if self.names else None
 
     @property
     def format_rate(self) -> float | None:
@@ -97,18 +106,6 @@ class RolloutRubrics:
 
 
 # ---- extraction ---------------------------------------------------------------------------------------------
-def _text(content) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(_text(p.get("text") if isinstance(p, dict) else p) for p in content)
-    if isinstance(content, dict):
-        return _text(content.get("text", json.dumps(content)))
-    return str(content)
-
-
 def _assistant_tool_calls(call: StoredCall | CallSummary) -> list[dict]:
     msg = call.response_message or call.response or {}
     return [tc for tc in (msg.get("tool_calls") or []) if isinstance(tc, dict)]
@@ -166,14 +163,6 @@ def schema_problem(value, schema: dict | None, where: str = "arguments") -> str 
             if problem:
                 return problem
     return None
-
-
-def _loads(raw):
-    """``json.loads`` (orjson first: the arguments of a million tool calls; json for what orjson does not read)."""
-    try:
-        return orjson.loads(raw)
-    except (orjson.JSONDecodeError, TypeError):
-        return json.loads(raw)
 
 
 def _check_format(name: str, raw, declared: dict | None) -> tuple[dict | None, str | None]:
@@ -351,6 +340,10 @@ def rollout_rubrics(calls: Sequence[StoredCall | CallSummary], *, task_metadata:
     failed, recovered = error_recovery(steps)
     verified = self_verification(steps, config)
     cats = Counter(s.category for s in steps)
+    ordered = sorted(calls, key=lambda c: (c.seq, c.id))
+    names_of = lambda text: names_in(text, config)  # noqa: E731
+    names, made_up = made_up_names(ordered, [[argument_names(s.arguments_raw, names_of) for s in steps
+                                              if s.call_id == c.id] for c in ordered], names_of)
     return RolloutRubrics(
         rollout_id=rollout_id if rollout_id is not None else (calls[0].rollout_id if calls else None),
         n_calls=len(calls), n_tool_calls=len(steps), tool_counts=dict(Counter(s.name for s in steps)),
@@ -359,4 +352,4 @@ def rollout_rubrics(calls: Sequence[StoredCall | CallSummary], *, task_metadata:
         self_verified=verified, coverage=tool_coverage(steps, meta.get("required_tools")),
         efficiency=step_efficiency(meta.get("reference_steps"), len(calls)),
         unparsed=sum(unparsed_tool_call(c, config.unparsed_markers) for c in calls),
-        inspected_first=not changes_state(steps[0], config) if steps else None)
+        inspected_first=not changes_state(steps[0], config) if steps else None, names=names, made_up=made_up)

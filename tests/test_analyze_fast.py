@@ -37,7 +37,9 @@ CALLS = [("bash", {"command": "ls -la"}), ("bash", {"command": "python -m pytest
          ("Edit", {"file_path": "src/a.py"}), ("Edit", {}), ("Grep", {"path": "src/c.py"}), ("Read", {"file_path": "x"})]
 RESULTS = ["ok", "src\ntests\n", "Traceback (most recent call last):\n  ValueError: bad\nexit code 1",
            "Error: no such thing", "error\nmore", "bash: foo: command not found", "EXİT CODE 2", "Return Code: 0",
-           "ſtatus fine", "KeyError: 'x'", "all 3 passed", "permission denied (lowercase)", "Permission denied"]
+           "ſtatus fine", "KeyError: 'x'", "all 3 passed", "permission denied (lowercase)", "Permission denied",
+           "a.py b.py notes.md\n"]
+INSTRUCTIONS = ["Fix the bug.", "Fix src/a.py; keep log.txt as it is."]  # names a tool call may take from the prompt
 
 
 UNPARSED = '<tool_call>{"name": "bash", "arguments": {"command": "sed -i \'s/a/b/g" x.md"}}</tool_call>'
@@ -67,7 +69,8 @@ def _varied(st, n: int = 60, seed: int = 7) -> None:
         tools = rng.choice([REACT_TOOLS, CODEX_TOOLS, CLAUDE_TOOLS, [], None])
         st.start_rollout(rid, task_id=task, policy_version_id=rng.choice(["pv1", "pv2", None]), harness_id=h,
                          started_at=start)
-        for rec in agent_calls(rid, _turns(rng), tools=tools if tools is not None else [], started_at=start):
+        for rec in agent_calls(rid, _turns(rng), tools=tools if tools is not None else [], started_at=start,
+                               instruction=rng.choice(INSTRUCTIONS)):
             st.record_call(rec)
         if r % 17 == 5:
             continue  # still running: not analyzed
@@ -143,6 +146,8 @@ def _reference_tables(facts: list[dict], by: str, excluded: dict, config: Rubric
             "recovery_rate": sum(r.recovered for r in rs) / failed if failed else None,
             "self_verification_rate": sum(bool(r.self_verified) for r in wrote) / len(wrote) if wrote else None,
             "inspect_first_rate": _mean(float(r.inspected_first) for r in rs if r.inspected_first is not None),
+            "made_up_name_rate": (sum(r.made_up for r in rs) / sum(r.names for r in rs)
+                                  if sum(r.names for r in rs) else None),
             "tool_coverage": _mean(r.coverage for r in rs),
             "step_efficiency": _mean(f["rubrics"].efficiency for f in fs if f["passed"])})
         tools, cats = Counter(), Counter()
@@ -166,6 +171,8 @@ def test_cached_rubrics_are_those_of_full_reads(st):
     assert {f["rubrics"].self_verified for f in ref} == {True, False, None}
     assert {f["rubrics"].unparsed for f in ref} == {0, 1}
     assert {f["rubrics"].inspected_first for f in ref} == {True, False, None}
+    assert {(f["rubrics"].made_up > 0, f["rubrics"].names > f["rubrics"].made_up) for f in ref} >= {
+        (True, True), (False, True), (True, False)}   # made-up names, names seen before, and both
     light = st.call_summaries([f["info"].id for f in ref])
     for cache in (RubricCache(config), RubricCache(config, max_entries=7, max_chars=400)):  # tiny: often cleared
         for f in ref:

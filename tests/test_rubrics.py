@@ -246,3 +246,36 @@ def test_inspect_first_rate_in_the_tables_and_its_patterns_configurable(st, tmp_
     assert rollout_rubrics(st.calls("act2"), config=cfg).inspected_first is False   # the write patterns still count
     with pytest.raises(RubricConfigError, match="shell_change_patterns: '\\(' is not a valid regex"):
         RubricConfig(shell_change_patterns=("(",))
+
+
+def test_made_up_names_are_names_nothing_shown_before_held(st):
+    instruction = "Count the lines in rocket_60.txt and write the number to out_1.txt."
+    turns = [
+        Turn([("bash", {"command": "wc -l < rocket_28.txt > out_1.txt"})], ["bash: rocket_28.txt: No such file"]),
+        Turn([("bash", {"command": "ls"})], ["notes.md\nrocket_60.txt\n"]),
+        Turn([("read_file", {"path": "misc/notes.md"})], ["x"]),          # named by a tool result: seen
+        Turn([("bash", {"command": "cat rocket_28.txt out_1.txt"})], [""]),  # coined before: counted once
+        Turn([("bash", '{"command": "cat zz.txt')], ["Error: could not parse arguments"]),  # raw text read
+        Turn(text="done with rocket_61.txt"),                               # an answer's text is no tool call
+    ]
+    _write(st, "r", turns, instruction=instruction)
+    full = rollout_rubrics(st.calls("r"))
+    assert (full.names, full.made_up) == (6, 2) and full.made_up_rate == pytest.approx(2 / 6)
+    assert rollout_rubrics(st.call_summaries(["r"])["r"]) == full   # the light reads see what the prompts showed
+    _write(st, "copied", [Turn([("bash", {"command": "wc -l < rocket_60.txt > out_1.txt"})], ["1"]),
+                          Turn(text="done")], instruction=instruction)
+    _write(st, "quiet", [Turn([("bash", {"command": "ls -la"})], ["total 0"]), Turn(text="done")])
+    assert (rollout_rubrics(st.calls("copied")).made_up, rollout_rubrics(st.calls("quiet")).made_up_rate) == (0, None)
+    row = analyze(st)["behaviour"][0]
+    assert row["made_up_name_rate"] == pytest.approx(2 / 8)
+
+
+def test_name_patterns_are_configurable(st, tmp_path):
+    _write(st, "r", [Turn([("bash", {"command": "cat Makefile data.txt"})], ["x"]), Turn(text="done")])
+    assert rollout_rubrics(st.calls("r")).names == 1          # the default pattern wants an extension
+    path = tmp_path / "rubrics.toml"
+    path.write_text('name_patterns = ["\\\\b(?:Makefile|[\\\\w-]+\\\\.txt)\\\\b"]\n')
+    cfg = RubricConfig.from_toml(path)
+    assert (lambda r: (r.names, r.made_up))(rollout_rubrics(st.calls("r"), config=cfg)) == (2, 2)
+    with pytest.raises(RubricConfigError, match="name_patterns: '\\[' is not a valid regex"):
+        RubricConfig(name_patterns=("[",))
