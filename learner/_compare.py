@@ -19,7 +19,8 @@ self-verification rate (rollouts whose every written path was read back, of roll
 calls that nothing the rollout was shown held, of all file names in tool calls), error-recovery
 rate (failed tool calls followed by a different successful one), step efficiency (over passed rollouts), tool
 calls per rollout; with more than one family, the inspect-first and error-recovery rates of each family's tasks
-alone (a family built to reward looking first or recovering shows its change there, not diluted by the others).
+alone (a family built to reward looking first or recovering shows its change there, not diluted by the others), and
+each family's made-up name rate.
 Rates are pooled over the resampled tasks (ratio of sums), as ``openforge analyze`` pools them.
 """
 
@@ -137,6 +138,8 @@ def metrics(tool_names: Iterable[str], families: Iterable[str], difficulties: It
                 sum(t.inspected_first for t in ts if t.family == fam), sum(t.tooled for t in ts if t.family == fam))
             out[f"recovery_rate[{fam}]"] = lambda ts, fam=fam: _ratio(
                 sum(t.recovered for t in ts if t.family == fam), sum(t.failed for t in ts if t.family == fam))
+            out[f"made_up_name_rate[{fam}]"] = lambda ts, fam=fam: _ratio(
+                sum(t.made_up for t in ts if t.family == fam), sum(t.names for t in ts if t.family == fam))
     for name in sorted(tool_names):
         out[f"tool_share[{name}]"] = lambda ts, name=name: _ratio(sum(t.tools[name] for t in ts),
                                                                  sum(t.tool_calls for t in ts))

@@ -81,6 +81,9 @@ def test_the_comparison_is_paired_by_task_and_counts_only_evaluation(seeded):
     look = diffs["inspect_first_rate[check]"]               # even tasks: A fails 6 of 10, B 4
     assert (look.a, look.b) == (6 / 10, 4 / 10) and look.paired and look.n_tasks == 20
     assert diffs["recovery_rate[files]"].a == 1.0 and diffs["recovery_rate[check]"].b == 1.0
+    # the instruction names no file: a solve coins a.txt then reads it back (1 of 2 made up), a failure coins nope.txt
+    assert (diffs["made_up_name_rate"].a, diffs["made_up_name_rate"].b) == (20 / 28, 20 / 31)
+    assert (diffs["made_up_name_rate[check]"].a, diffs["made_up_name_rate[check]"].b) == (10 / 14, 10 / 16)
     assert "pass@2" not in diffs                             # one rollout per task: pass@k for k > 1 is undefined
 
 
