@@ -12,6 +12,7 @@ version, ``purpose`` eval, recorded in the folder's store like every other evalu
 unbiased estimator, ``learner.pass_at_k``) and pass^k for k = 1, 2, 4, ... K, by family too.
 
 Usage: python bench/pass_at_k.py --from DIR/seedS --seed S --version V [--version V2] [--k 16] [--temperature 1.0]
+                                 [--max-turns 5]
 Prints a table per version, then as its LAST line one JSON object: ``versions`` (per version: its run, ``pass_at``
 and ``pass_hat`` by k, ``by_family``) and ``tasks``.
 """
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=16, help="rollouts a held-out task (the largest k)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--heldout-tasks", type=int, default=48)
+    ap.add_argument("--max-turns", type=int, default=5, help="the loop's --max-turns (turns a rollout may take)")
     args = ap.parse_args(argv)
     if args.k < 2:
         ap.error(f"--k {args.k}: pass@k needs 2 or more rollouts a task")
@@ -91,7 +93,8 @@ def run(args) -> dict:
     # its own task folder: the loop's (DIR/demo/tasks) holds a generation with its own train count, which another
     # generation of the same seed may not overwrite; the held-out tasks are the same bytes either way
     cfg = LoopConfig(out=args.home / "pass-at-k", seed=args.seed, train_tasks=args.heldout_tasks,
-                     demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False)
+                     demo_tasks=args.heldout_tasks, heldout_tasks=args.heldout_tasks, port=0, control=False,
+                     max_turns=args.max_turns)
     holder = LearningLoop(cfg, console)
     _, _, heldout = holder.tasks()
     out = {"k": args.k, "temperature": args.temperature, "versions": {}}
