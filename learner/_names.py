@@ -58,38 +58,52 @@ def names_in(text: str, config: RubricConfig) -> frozenset[str]:
     return frozenset(m.group(0) for pat in config.patterns("name_patterns") for m in pat.finditer(text))
 
 
-def argument_names(raw, names_of) -> frozenset[str]:
-    """The file names a tool call's arguments hold: in their decoded strings, or their raw text where they do not
-    decode. ``names_of``: text -> names (``names_in``, or a cache of it)."""
+def argument_texts(raw) -> list[str]:
+    """The strings a tool call's arguments hold: decoded, or their raw text where they do not decode."""
     try:
         value = _loads(raw) if isinstance(raw, (str, bytes)) else raw
     except (TypeError, ValueError):
         value = raw
-    return frozenset().union(*map(names_of, _strings(value, [])))
+    return _strings(value, [])
 
 
-def message_names(m: dict, names_of) -> frozenset[str]:
-    """The file names a message shows the model: its text and its tool calls' arguments."""
-    found = names_of(_text(m.get("content", m.get("text"))))
+def argument_names(raw, names_of) -> frozenset[str]:
+    """The file names a tool call's arguments hold. ``names_of``: text -> names (``names_in``, or a cache of it)."""
+    return frozenset().union(*map(names_of, argument_texts(raw)))
+
+
+def message_texts(m: dict) -> list[str]:
+    """The texts a message shows the model: its content and its tool calls' arguments."""
+    out = [_text(m.get("content", m.get("text")))]
     for tc in m.get("tool_calls") or ():
         if isinstance(tc, dict):
             fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
-            found = found | argument_names(fn.get("arguments", fn.get("input")), names_of)
-    return found
+            out += argument_texts(fn.get("arguments", fn.get("input")))
+    return out
 
 
 def made_up_names(ordered: Sequence[StoredCall | CallSummary], step_names: Sequence[Sequence[frozenset[str]]],
                   names_of) -> tuple[int, int]:
     """(names in tool calls, made-up ones) of a rollout's calls in order; ``step_names[i]``: the names of each tool
     call of call ``i``'s answer. A call's prompt shows it every message of its ``messages`` (``Store.calls``: the
-    whole prompt; ``Store.call_summaries``: the messages new in it, so the union over the calls is the same)."""
+    whole prompt; ``Store.call_summaries``: the messages new in it, so the union over the calls is the same).
+
+    What was shown is scanned for names only when a tool call names one not seen yet: most names come from the
+    instruction, so most tool results are never scanned. The counts are those of scanning everything first."""
     seen: set[str] = set()
+    pending: list[str] = []   # texts shown and not scanned yet
     names = made_up = 0
     for c, own in zip(ordered, step_names):
         for m in c.messages:
-            seen |= message_names(m, names_of)
+            pending += message_texts(m)
         for found in own:
             names += len(found)
+            if pending and not found <= seen:
+                for text in pending:
+                    seen |= names_of(text)
+                pending = []
             made_up += len(found - seen)
-        seen |= message_names(c.response_message or c.response or {}, names_of)
+        answer = c.response_message or c.response or {}
+        pending.append(_text(answer.get("content", answer.get("text"))))
+        seen.update(*own)   # its tool calls' names: the next calls' prompts show them
     return names, made_up
