@@ -8,8 +8,10 @@ hashes and journals the whole prompt each time) while the double's tokenizer cac
 tokenizes on its own hardware, and on this 2-core machine the double's tokenizer (7 ms per 8 KB) would otherwise
 eat the CPU the proxy is measured on. Warm-up sends every prompt once. For concurrency 1, 16 and 64, streaming
 and not, it runs a fixed number of requests direct, through a bare pass-through proxy that records nothing
-(``bench/passthrough_proxy.py``: the ceiling for any proxy in this position) and through the recording proxy, in
-five interleaved rounds, and compares latency (pooled percentiles) and throughput (the median round).
+(``bench/passthrough_proxy.py``: uvicorn and aiohttp, an HTTP server and client and nothing else), through a raw TCP
+relay (``bench/raw_relay.py``: bytes copied both ways, no HTTP; the extra hop and wake-ups alone, the floor under any
+proxy on this event loop) and through the recording proxy, in five interleaved rounds, and compares latency (pooled
+percentiles) and throughput (the median round).
 
 Prints a table, then as its LAST line one JSON object with (at least):
   added_p50_ms_c1, added_p50_ms_c16, added_p99_ms_c16: proxied minus direct latency
@@ -19,6 +21,7 @@ Prints a table, then as its LAST line one JSON object with (at least):
   proxy_own_p50_ms_c1, proxy_own_p50_ms_c16: the proxy's own time per call as it measures it (its
     openforge_proxy_overhead_seconds histogram: request in to answer out, less the wait for the upstream); what
     added_p50 has beyond it is the extra loopback hop and process wake-ups, which the bare pass-through pays too
+  relay_added_p50_ms_c1, relay_added_p50_ms_c16, relay_throughput_ratio_c64: the raw relay's figures (the hop alone)
 The 2-core machine runs all three processes (plus the store's writer) at once: ratios are pessimistic there. The
 recording proxy asks the upstream for token ids and logprobs (what it exists for); the direct and bare runs do not,
 and producing them costs the double itself 0.3-1.0 ms of p50 per streamed call at 16 clients (direct runs with and
@@ -29,8 +32,8 @@ HTTP server (``proxy._http``, what ``openforge proxy`` runs): the two side by si
 
 ``--protocol responses|messages|gemini`` sends the proxied load through that wire protocol (the proxy translates it
 to the same chat request upstream and the answer back) while the direct load stays chat completions: the added
-figures are then the translation's cost on top of recording. The bare pass-through speaks chat only and is left out
-(its columns read n/a). The default, ``chat``, runs with all four protocols registered, as ``openforge proxy``
+figures are then the translation's cost on top of recording. The bare pass-through and the relay reach the chat-only
+double and are left out (their columns read n/a). The default, ``chat``, runs with all four protocols registered, as ``openforge proxy``
 does: its figures are the chat path's with the others beside it.
 
 Usage: python bench/proxy_overhead.py [--quick] [--server own|uvicorn] [--protocol chat|responses|messages|gemini]
@@ -58,7 +61,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "bench-admin-token-0123456789"
 ROUNDS = 5  # interleaved: this machine's speed drifts over minutes (other tenants), and every target sees the drift
-console = Console(stderr=True)
+console = Console(stderr=True, width=160)  # the table in a pipe, not cut to 80 columns
 
 
 # The recording proxy as ``openforge proxy`` builds it, served by uvicorn: ``--server uvicorn``.
@@ -216,7 +219,7 @@ def main() -> None:
     sizes = {1: 250, 16: 800, 64: 1600} if not args.quick else {1: 50, 16: 200, 64: 400}
 
     tmp = Path(tempfile.mkdtemp(prefix="of-bench-proxy-"))
-    up_port, px_port, pt_port = free_port(), free_port(), free_port()
+    up_port, px_port, pt_port, rl_port = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "OPENFORGE_HOME": str(tmp / "home"), "OPENFORGE_PROXY_ADMIN_TOKEN": ADMIN,
            "PYTHONPATH": str(ROOT)}
     upstream = subprocess.Popen([sys.executable, "-m", "proxy.engines.scripted.upstream", "--port", str(up_port)],
@@ -229,12 +232,16 @@ def main() -> None:
     passthrough = subprocess.Popen([sys.executable, str(ROOT / "bench" / "passthrough_proxy.py"), "--upstream",
                                     f"http://127.0.0.1:{up_port}", "--port", str(pt_port)],
                                    env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "bare.log", "wb"), cwd=ROOT)
+    relay_proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "raw_relay.py"), "--upstream-port",
+                                   str(up_port), "--port", str(rl_port)],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "relay.log", "wb"), cwd=ROOT)
     direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{px_port}"
-    bare = f"http://127.0.0.1:{pt_port}"
+    bare, relay = f"http://127.0.0.1:{pt_port}", f"http://127.0.0.1:{rl_port}"
     try:
         wait_up(direct + "/health", upstream, "upstream double")
         wait_up(proxied + "/health", proxy, "proxy")
         wait_up(bare + "/health", passthrough, "pass-through proxy")
+        wait_up(relay + "/health", relay_proc, "raw relay")
         httpx.post(direct + "/_scripted/script", json={"replace": True, "steps": [
             {"delay": 0.020, "times": None, "then": {"text": "Sure, done.", "times": None}}]})
         admin = {"Authorization": f"Bearer {ADMIN}"}
@@ -246,7 +253,7 @@ def main() -> None:
                 label = f"c{c}{'_stream' if stream else ''}"
                 console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct"
                               f"{', bare' if with_bare else ''}, proxied ({args.protocol})[/]")
-                rounds = {"direct": [], "bare": [], "proxied": []}
+                rounds = {"direct": [], "bare": [], "relay": [], "proxied": []}
                 own_before = overhead_buckets(proxied)
                 for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits all three alike
                     rounds["direct"].append(asyncio.run(run_load(direct, tokens, c, n // ROUNDS, stream)))
@@ -254,6 +261,8 @@ def main() -> None:
                     rounds["bare"].append(asyncio.run(run_load(bare, tokens, c, n // ROUNDS, stream))
                                           if with_bare else None)
                     bare_cpu += cpu_seconds(passthrough.pid) - b0
+                    rounds["relay"].append(asyncio.run(run_load(relay, tokens, c, n // ROUNDS, stream))
+                                           if with_bare else None)
                     c0 = cpu_seconds(proxy.pid)
                     rounds["proxied"].append(asyncio.run(run_load(proxied, tokens, c, n // ROUNDS, stream,
                                                                   args.protocol)))
@@ -263,33 +272,35 @@ def main() -> None:
                 results[label]["own_p50_ms"] = bucket_median_ms(own_before, overhead_buckets(proxied))
         stored = httpx.get(proxied + "/health").json()["store"]
     finally:
-        for proc in (proxy, passthrough, upstream):
+        for proc in (proxy, passthrough, relay_proc, upstream):
             proc.terminate()
-        for proc in (proxy, passthrough, upstream):
+        for proc in (proxy, passthrough, relay_proc, upstream):
             proc.wait(30)
 
     table = Table(title="recording proxy vs direct (ms, requests/s)")
-    for col in ("load", "direct p50", "added p50", "bare added p50", "direct p99", "added p99", "bare added p99",
-                "direct rps", "proxied rps", "ratio", "bare ratio"):
+    for col in ("load", "direct p50", "added p50", "bare added p50", "relay added p50", "direct p99", "added p99",
+                "bare added p99", "direct rps", "proxied rps", "ratio", "bare ratio", "relay ratio"):
         table.add_column(col, justify="right")
     for label, r in results.items():
         d, p = r["direct"], r["proxied"]
-        b = r["bare"] or {"p50": float("nan"), "p99": float("nan"), "rps": float("nan")}   # nan: shown as n/a
+        none = {"p50": float("nan"), "p99": float("nan"), "rps": float("nan")}   # nan: shown as n/a
+        b, x = r["bare"] or none, r["relay"] or none
         row = [f"{d['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{b['p50'] - d['p50']:.2f}",
-               f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}", f"{b['p99'] - d['p99']:.2f}",
-               f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}", f"{b['rps'] / d['rps']:.2f}"]
+               f"{x['p50'] - d['p50']:.2f}", f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}",
+               f"{b['p99'] - d['p99']:.2f}", f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}",
+               f"{b['rps'] / d['rps']:.2f}", f"{x['rps'] / d['rps']:.2f}"]
         table.add_row(label, *[x.replace("nan", "n/a") for x in row])
     console.print(table)
 
     def added(label, q):
         return round(results[label]["proxied"][q] - results[label]["direct"][q], 3)
 
-    def bare_added(label, q):
-        b = results[label]["bare"]
+    def bare_added(label, q, target="bare"):
+        b = results[label][target]
         return round(b[q] - results[label]["direct"][q], 3) if b else None
 
-    def bare_ratio(label):
-        b = results[label]["bare"]
+    def bare_ratio(label, target="bare"):
+        b = results[label][target]
         return round(b["rps"] / results[label]["direct"]["rps"], 3) if b else None
 
     out = {
@@ -309,6 +320,9 @@ def main() -> None:
         "bare_added_p50_ms_c16_stream": bare_added("c16_stream", "p50"),
         "bare_throughput_ratio_c64": bare_ratio("c64"),
         "bare_throughput_ratio_c64_stream": bare_ratio("c64_stream"),
+        "relay_added_p50_ms_c1": bare_added("c1", "p50", "relay"),   # the hop alone; None as the bare ones
+        "relay_added_p50_ms_c16": bare_added("c16", "p50", "relay"),
+        "relay_throughput_ratio_c64": bare_ratio("c64", "relay"),
         # the proxy's own time per call, measured inside it (request in to answer out, less the upstream's share);
         # the rest of added_p50 is the extra loopback hop and process wake-ups, which the bare pass-through pays too
         "proxy_own_p50_ms_c1": _round(results["c1"]["own_p50_ms"]),  # None against a proxy without the metric
