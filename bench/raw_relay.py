@@ -49,7 +49,7 @@ def serving(upstream_port: int):
     class Front(Pipe):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            asyncio.get_running_loop().create_task(self._open())
+            self.opening = asyncio.get_running_loop().create_task(self._open())  # held: the loop keeps a weak one
 
         async def _open(self) -> None:
             back = Pipe(self)
@@ -57,6 +57,9 @@ def serving(upstream_port: int):
                 await asyncio.get_running_loop().create_connection(lambda: back, "127.0.0.1", upstream_port)
             except OSError:
                 self.transport.close()
+                return
+            if self.transport.is_closing():   # the client left while the upstream connection opened
+                back.transport.close()
                 return
             self.peer = back
             for data in self.early:
