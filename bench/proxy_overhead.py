@@ -22,19 +22,20 @@ Prints a table, then as its LAST line one JSON object with (at least):
     openforge_proxy_overhead_seconds histogram: request in to answer out, less the wait for the upstream); what
     added_p50 has beyond it is the extra loopback hop and process wake-ups, which the bare pass-through pays too
   relay_added_p50_ms_c1, relay_added_p50_ms_c16, relay_throughput_ratio_c64: the raw relay's figures (the hop alone)
-The 2-core machine runs all three processes (plus the store's writer) at once: ratios are pessimistic there. The
-recording proxy asks the upstream for token ids and logprobs (what it exists for); the direct and bare runs do not,
-and producing them costs the double itself 0.3-1.0 ms of p50 per streamed call at 16 clients (direct runs with and
-without them asked for, three runs), which shows up in the proxied stream figures as added latency.
+The 2-core machine runs every process (the load, the double, the proxies and the store's writer) at once: ratios
+are pessimistic there. The recording proxy asks the upstream for token ids and logprobs (what it exists for); the
+direct, bare and relay runs do not, and producing them costs the double itself 0.3-1.0 ms of p50 per streamed call
+at 16 clients (direct runs with and without them asked for, three runs), which shows up in the proxied stream
+figures as added latency.
 
 ``--server uvicorn`` serves the recording proxy's same ASGI app on uvicorn (httptools, uvloop) instead of its own
 HTTP server (``proxy._http``, what ``openforge proxy`` runs): the two side by side.
 
 ``--protocol responses|messages|gemini`` sends the proxied load through that wire protocol (the proxy translates it
 to the same chat request upstream and the answer back) while the direct load stays chat completions: the added
-figures are then the translation's cost on top of recording. The bare pass-through and the relay reach the chat-only
-double and are left out (their columns read n/a). The default, ``chat``, runs with all four protocols registered, as ``openforge proxy``
-does: its figures are the chat path's with the others beside it.
+figures are then the translation's cost on top of recording. The bare pass-through and the relay would carry the
+same chat load as a ``chat`` run and are left out (their columns read n/a). The default, ``chat``, runs with all four
+protocols registered, as ``openforge proxy`` does: its figures are the chat path's with the others beside it.
 
 Usage: python bench/proxy_overhead.py [--quick] [--server own|uvicorn] [--protocol chat|responses|messages|gemini]
 """
@@ -252,10 +253,10 @@ def main() -> None:
             for c, n in sizes.items():
                 label = f"c{c}{'_stream' if stream else ''}"
                 console.print(f"[dim]{label}: {ROUNDS} rounds of {n // ROUNDS} requests direct"
-                              f"{', bare' if with_bare else ''}, proxied ({args.protocol})[/]")
+                              f"{', bare, relay' if with_bare else ''}, proxied ({args.protocol})[/]")
                 rounds = {"direct": [], "bare": [], "relay": [], "proxied": []}
                 own_before = overhead_buckets(proxied)
-                for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits all three alike
+                for _ in range(ROUNDS):  # interleaved, so that drift in the machine's speed hits every target alike
                     rounds["direct"].append(asyncio.run(run_load(direct, tokens, c, n // ROUNDS, stream)))
                     b0 = cpu_seconds(passthrough.pid)
                     rounds["bare"].append(asyncio.run(run_load(bare, tokens, c, n // ROUNDS, stream))
@@ -295,11 +296,11 @@ def main() -> None:
     def added(label, q):
         return round(results[label]["proxied"][q] - results[label]["direct"][q], 3)
 
-    def bare_added(label, q, target="bare"):
+    def beside_added(label, q, target):   # the bare pass-through's or the relay's; None where it did not run
         b = results[label][target]
         return round(b[q] - results[label]["direct"][q], 3) if b else None
 
-    def bare_ratio(label, target="bare"):
+    def beside_ratio(label, target):
         b = results[label][target]
         return round(b["rps"] / results[label]["direct"]["rps"], 3) if b else None
 
@@ -315,14 +316,14 @@ def main() -> None:
                                              / results["c64_stream"]["direct"]["rps"], 3),
         "direct_rps_c64": round(results["c64"]["direct"]["rps"], 1),
         "proxied_rps_c64": round(results["c64"]["proxied"]["rps"], 1),
-        "bare_added_p50_ms_c1": bare_added("c1", "p50"),   # None with --protocol other than chat
-        "bare_added_p50_ms_c16": bare_added("c16", "p50"),
-        "bare_added_p50_ms_c16_stream": bare_added("c16_stream", "p50"),
-        "bare_throughput_ratio_c64": bare_ratio("c64"),
-        "bare_throughput_ratio_c64_stream": bare_ratio("c64_stream"),
-        "relay_added_p50_ms_c1": bare_added("c1", "p50", "relay"),   # the hop alone; None as the bare ones
-        "relay_added_p50_ms_c16": bare_added("c16", "p50", "relay"),
-        "relay_throughput_ratio_c64": bare_ratio("c64", "relay"),
+        "bare_added_p50_ms_c1": beside_added("c1", "p50", "bare"),   # None with --protocol other than chat
+        "bare_added_p50_ms_c16": beside_added("c16", "p50", "bare"),
+        "bare_added_p50_ms_c16_stream": beside_added("c16_stream", "p50", "bare"),
+        "bare_throughput_ratio_c64": beside_ratio("c64", "bare"),
+        "bare_throughput_ratio_c64_stream": beside_ratio("c64_stream", "bare"),
+        "relay_added_p50_ms_c1": beside_added("c1", "p50", "relay"),   # the hop alone
+        "relay_added_p50_ms_c16": beside_added("c16", "p50", "relay"),
+        "relay_throughput_ratio_c64": beside_ratio("c64", "relay"),
         # the proxy's own time per call, measured inside it (request in to answer out, less the upstream's share);
         # the rest of added_p50 is the extra loopback hop and process wake-ups, which the bare pass-through pays too
         "proxy_own_p50_ms_c1": _round(results["c1"]["own_p50_ms"]),  # None against a proxy without the metric
