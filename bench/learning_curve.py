@@ -139,6 +139,8 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
             out[name], out[f"{name}_ci95"], out[f"{name}_p"] = None, None, None
     out["rubrics"] = ([d.as_dict() for d in compare_tasks(aggs["sft"], aggs["final"], n_boot=n_boot,
                                                           stratum=stratum)] if aggs["sft"] and aggs["final"] else [])
+    # the control's figures pool only the seeds that ran it (`-- --no-control` runs none): how many of how many
+    out["sft_extended_seeds"] = [sum(1 for _, _, a in per_seed if a.get("sft_extended")), len(per_seed)]
     docs = [d for _, d, _ in per_seed]
     out["heldout_tasks"] = sum(d.get("heldout_tasks") or 0 for d in docs)
     out["minutes"] = [d["minutes"] for d in docs]
@@ -171,10 +173,12 @@ def targets(pool: dict) -> dict:
     moved = [r["metric"] for r in pool.get("rubrics", []) if not r["metric"].startswith(("success", "pass"))
              and r["ci95"] and (r["ci95"][0] > 0 or r["ci95"][1] < 0)]
     ratio = pool.get("importance_ratio_mean")
+    ran, seeds = pool.get("sft_extended_seeds") or (0, 0)
+    control = f" (the control ran on {ran} of {seeds} seeds)" if 0 < ran < seeds else ""
     return {
         "final - SFT >= 0.15, CI lower end > 0": met(None if fs is None else fs >= 0.15 and bool(ci) and ci[0] > 0),
         "final - SFT extended > 0": met(None if pool.get("final_minus_sft_extended") is None
-                                        else pool["final_minus_sft_extended"] > 0),
+                                        else pool["final_minus_sft_extended"] > 0) + control,
         "final - base >= 0.5": met(None if pool.get("final_minus_base") is None else pool["final_minus_base"] >= 0.5),
         "minutes <= 30 per seed": met(None if not pool["minutes"] else max(pool["minutes"]) <= 30),
         "importance ratio in [0.99, 1.01]": met(None if ratio is None else 0.99 <= ratio <= 1.01),

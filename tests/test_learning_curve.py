@@ -58,6 +58,21 @@ def test_a_seed_pools_from_its_two_files_and_one_without_outcomes_is_refused_by_
     assert sorted(p.name for p in home.iterdir()) == ["demo-result.json", "outcomes.json"]   # read, nothing written
 
 
+def test_a_control_from_some_seeds_only_says_so_in_its_target(tmp_path, capsys):
+    for seed, control in ((7, True), (8, False)):
+        home = tmp_path / f"seed{seed}"
+        home.mkdir()
+        roles = {"base": [0, 0], "sft": [1, 0], "final": [1, 1], **({"sft_extended": [0, 0]} if control else {})}
+        (home / "demo-result.json").write_text(json.dumps({"roles": {r: f"v-{r}" for r in roles}, "minutes": 1.0}))
+        saved = {role: {f"s{seed}:t{i}": _agg(p, {"bash": 1}).as_dict() for i, p in enumerate(ps)}
+                 for role, ps in roles.items()}
+        (home / "outcomes.json").write_text(json.dumps({"seed": seed, "greedy": saved, "sampled": None}))
+    assert curve.main(["--seed", "7", "--seed", "8", "--keep", str(tmp_path), "--n-boot", "50"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["pooled"]["sft_extended_seeds"] == [1, 2] and doc["pooled"]["final_minus_sft_extended"] == 1.0
+    assert doc["targets"]["final - SFT extended > 0"] == "met (the control ran on 1 of 2 seeds)"
+
+
 _kept_spec = importlib.util.spec_from_file_location("compare_kept",
                                                     Path(__file__).parents[1] / "bench" / "compare_kept.py")
 kept = importlib.util.module_from_spec(_kept_spec)
