@@ -102,7 +102,8 @@ def run(args, recipes) -> dict:
     from rich.console import Console
 
     from learner import TrainResult, version_tasks
-    from openforge.loop import LearningLoop, LoopConfig, grpo_pool
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_tasks import grpo_pool
     from openforge.loop_sampling import RoundSampler
     from openforge.loop_session import Session
 

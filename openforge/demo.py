@@ -15,6 +15,7 @@ from rollout import harness_names
 
 from .loop import FAMILIES
 from .loop_recipe import GrpoRecipe
+from .loop_tasks import parse_mix, shares
 from .progress import sigterm_interrupts
 
 
@@ -33,6 +34,10 @@ def demo_command(
                                     "rounds draw from them)."),
     demo_tasks: int = typer.Option(48, "--demo-tasks", help="Of the train tasks, how many the teacher "
                                    "demonstrates (the SFT data)."),
+    demo_mix: str = typer.Option("", "--demo-mix", help="Weights of the families' shares of --demo-tasks, e.g. "
+                                 "check=2,recover=2 (families not named weigh 1; default: even)."),
+    demo_min_steps: int = typer.Option(1, "--demo-min-steps", help="Demonstrate only train tasks of this many "
+                                       "steps or more (e.g. 2: no one-step tasks)."),
     heldout_tasks: int = typer.Option(48, "--heldout-tasks", help="Generated held-out tasks every version is "
                                       "evaluated on."),
     careful: float = typer.Option(0.0, "--careful", help="Share of the check and recover steps the scripted teacher "
@@ -128,7 +133,8 @@ def demo_command(
                                     train_layers=train_layers,
                                     sft_anchor=sft_anchor, anchor_batch_size=anchor_batch_size, kl_coef=kl_coef)
                 doc = _loop(console, families=tuple(f.strip() for f in families.split(",") if f.strip()),
-                            train_tasks=train_tasks, demo_tasks=demo_tasks, heldout_tasks=heldout_tasks, seed=seed,
+                            train_tasks=train_tasks, demo_tasks=demo_tasks, demo_mix=parse_mix(demo_mix),
+                            demo_min_steps=demo_min_steps, heldout_tasks=heldout_tasks, seed=seed,
                             eval_samples=eval_samples, careful=careful,
                             teacher=teacher, sft_epochs=sft_epochs, sft_stage_epochs=sft_stage_epochs,
                             sft_val_tasks=sft_val_tasks, sft_train_layers=train_layers, recipe=recipe, control=control,
@@ -164,7 +170,9 @@ def _loop(console, **opts) -> dict:
         doc["sft"] = {"epochs": cfg.sft_epochs, "stage_epochs": cfg.sft_stage_epochs, "lr": cfg.sft_lr,
                       "val_tasks": cfg.sft_val_tasks if cfg.sft_stage_epochs else 0,
                       "train_layers": cfg.sft_train_layers}
-        doc["teacher"] = {"careful": cfg.careful, "model": cfg.teacher or "scripted"}
+        doc["teacher"] = {"careful": cfg.careful, "model": cfg.teacher or "scripted",
+                          "demonstrations": shares(cfg.demo_tasks, cfg.families, cfg.demo_mix),
+                          "demo_min_steps": cfg.demo_min_steps}
         if doc["rubrics_sft_to_final"]:
             from learner import Difference
 

@@ -4,8 +4,9 @@ and a control that gives SFT the minutes GRPO took.
 Every phase goes through the platform's own parts, so the loop is also their integration test:
 
 1. tasks: generated families (``rollout.generate_tasks``: ``files``, ``check``, ``recover``, ``plan``), a train and
-   a held-out split per family by seed; the first ``demo_tasks`` train tasks (evenly over the families) are the ones
-   the teacher demonstrates, GRPO draws from every train task, the undemonstrated ones first;
+   a held-out split per family by seed; the first ``demo_tasks`` train tasks (evenly over the families, or weighted
+   by ``demo_mix`` and of ``demo_min_steps`` or more steps: ``openforge.loop_tasks``) are the ones the teacher
+   demonstrates, GRPO draws from every train task, the undemonstrated ones first;
 2. the engine (vLLM on the CPU, ``proxy.engines.VllmServer``) serves the base model behind a recording proxy; the
    base is evaluated on the held-out split (rollouts marked ``eval``, greedy decoding);
 3. a teacher solves the demonstration tasks with the same harness, through a second recording proxy in front of a
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from .loop_recipe import GrpoRecipe
 from .loop_sampling import UNGRADED, RoundSampler
+from .loop_tasks import grpo_pool, pick_demonstrations, shares
 from .loop_session import BASE_POLICY
 from .scoreboard import Rate, VersionRow
 
@@ -62,6 +64,8 @@ class LoopConfig:
     families: tuple[str, ...] = FAMILIES
     train_tasks: int = 96      # the pool GRPO draws from (split evenly over the families)
     demo_tasks: int = 48       # the first of them, the ones the teacher demonstrates
+    demo_mix: dict = field(default_factory=dict)   # family -> weight of its share of demo_tasks (1 where unnamed)
+    demo_min_steps: int = 1    # demonstrate only train tasks of this many steps or more
     heldout_tasks: int = 48
     careful: float = 0.0       # share of check/recover steps the teacher solves carefully (looks first, recovers)
     eval_samples: int = 0      # > 0: also this many rollouts per held-out task sampled at the GRPO temperature
@@ -123,6 +127,9 @@ class LoopConfig:
             if getattr(self, name) < len(self.families):
                 raise LoopError(f"--{name.replace('_', '-')} {getattr(self, name)}: fewer than the "
                                 f"{len(self.families)} families; pass at least one task per family")
+        if self.demo_min_steps < 1:
+            raise LoopError(f"--demo-min-steps {self.demo_min_steps}: pass 1 (every task) or more")
+        shares(self.demo_tasks, self.families, self.demo_mix)   # raises on a family not in the loop
         self.recipe.check()
 
 
@@ -206,20 +213,20 @@ class LearningLoop:
         held-out)."""
         from rollout import generate_tasks, load_task
 
-        cfg, n = self.cfg, len(self.cfg.families)
-        per_family, demos, heldout = [], [], []
-        for i, family in enumerate(cfg.families):
-            share = lambda total: total // n + (1 if i < total % n else 0)  # noqa: E731
+        cfg = self.cfg
+        n_train, n_heldout = shares(cfg.train_tasks, cfg.families, {}), shares(cfg.heldout_tasks, cfg.families, {})
+        per_family, heldout = {}, []
+        for family in cfg.families:
             out = cfg.out / "tasks" / (f"{family}-seed{cfg.seed}" + (f"-careful{cfg.careful:g}" if cfg.careful else ""))
-            paths = generate_tasks(family, out, train=share(cfg.train_tasks), heldout=share(cfg.heldout_tasks),
-                                   seed=cfg.seed, careful=cfg.careful)
+            paths = generate_tasks(family, out, train=n_train[family], heldout=n_heldout[family], seed=cfg.seed,
+                                   careful=cfg.careful)
             tasks = [load_task(p) for p in paths]
-            fam_train = [t for t in tasks if t.config.metadata.get("split") == "train"]
-            per_family.append(fam_train)
-            demos += fam_train[:share(cfg.demo_tasks)]
+            per_family[family] = [t for t in tasks if t.config.metadata.get("split") == "train"]
             heldout += [t for t in tasks if t.config.metadata.get("split") == "heldout"]
+        demos = pick_demonstrations(per_family, shares(cfg.demo_tasks, cfg.families, cfg.demo_mix),
+                                    cfg.demo_min_steps)
         # the families interleaved, so that every GRPO round draws from each of them
-        train = [t for row in itertools.zip_longest(*per_family) for t in row if t is not None]
+        train = [t for row in itertools.zip_longest(*per_family.values()) for t in row if t is not None]
         self.console.print(f"{len(train)} train tasks ({len(demos)} demonstrated) and {len(heldout)} held-out tasks "
                            f"of families {', '.join(cfg.families)} (seed {cfg.seed}) in {cfg.out / 'tasks'}")
         return train, demos, heldout
@@ -381,13 +388,6 @@ class LearningLoop:
                            f"({res.step.get('epochs')} more epochs) against GRPO's {budget} s")
         self.report.switches.append(self.session.switch(res))
         return version
-
-
-def grpo_pool(train: list, demos: list) -> list:
-    """The order GRPO rounds draw train tasks in: first those the teacher did not demonstrate (new instances, where
-    the policy has to generalise as on held-out tasks, and where SFT's memory of a demonstration does not make all
-    of a group succeed alike), then the demonstrated ones; each part keeps the families interleaved."""
-    return [t for t in train if t not in demos] + [t for t in train if t in demos]
 
 
 def _rate(summary) -> Rate:

@@ -98,7 +98,7 @@ def test_bad_stage_settings_are_refused(tmp_path, kw, says):
 
 
 def test_grpo_rounds_draw_undemonstrated_tasks_first_then_go_round():
-    from openforge.loop import grpo_pool
+    from openforge.loop_tasks import grpo_pool
     from openforge.loop_sampling import draw_tasks
 
     train = [f"{fam}{i}" for i in range(3) for fam in "abcd"]   # interleaved families, as the loop builds them

@@ -1,0 +1,69 @@
+"""Which train tasks the loop's teacher demonstrates: the even split, ``--demo-mix`` weights and
+``--demo-min-steps``, on tasks the real generator makes."""
+
+from __future__ import annotations
+
+import pytest
+
+from openforge.loop_tasks import DemoMixError, parse_mix, shares
+
+FAMS = ("files", "check", "recover", "plan")
+
+
+def test_even_weights_give_the_old_split_first_families_one_more():
+    assert shares(48, FAMS, {}) == {"files": 12, "check": 12, "recover": 12, "plan": 12}
+    assert shares(10, FAMS, {}) == {"files": 3, "check": 3, "recover": 2, "plan": 2}
+    assert shares(3, FAMS, {}) == {"files": 1, "check": 1, "recover": 1, "plan": 0}
+
+
+def test_weights_share_the_total_by_largest_remainder():
+    assert shares(48, FAMS, parse_mix("check=2,recover=2")) == {"files": 8, "check": 16, "recover": 16, "plan": 8}
+    got = shares(50, FAMS, {"check": 3})   # 50/6 = 8.33 a weight: 8.33, 25, 8.33, 8.33
+    assert got == {"files": 9, "check": 25, "recover": 8, "plan": 8} and sum(got.values()) == 50
+    assert shares(12, FAMS, {"files": 0, "plan": 0}) == {"files": 0, "check": 6, "recover": 6, "plan": 0}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("check", "is not FAMILY=WEIGHT"), ("check=two", "is not FAMILY=WEIGHT"), ("check=-1", "is not FAMILY=WEIGHT"),
+    ("=2", "is not FAMILY=WEIGHT"), ("check=nan", "is not FAMILY=WEIGHT"), ("check=inf", "is not FAMILY=WEIGHT"),
+])
+def test_a_bad_mix_says_the_form(text, says):
+    with pytest.raises(DemoMixError, match=says):
+        parse_mix(text)
+
+
+def test_a_mix_naming_another_family_or_weighing_all_zero_is_refused(tmp_path):
+    from openforge.loop import LoopConfig
+
+    with pytest.raises(DemoMixError, match="names chekc, not among the loop's families"):
+        LoopConfig(out=tmp_path, demo_mix=parse_mix("chekc=2")).check()
+    with pytest.raises(DemoMixError, match="every family weight 0"):
+        shares(4, ("check",), {"check": 0})
+    assert parse_mix(" check = 2 , ") == {"check": 2.0}
+
+
+def test_the_loop_demonstrates_the_mix_of_multi_step_tasks(tmp_path):
+    from rich.console import Console
+
+    from openforge.loop import LearningLoop, LoopConfig, LoopError
+
+    quiet = Console(file=open("/dev/null", "w"))
+    even = LearningLoop(LoopConfig(out=tmp_path, train_tasks=48, demo_tasks=12, heldout_tasks=4, tag="t"), quiet)
+    train, even_demos, _ = even.tasks()
+    steps = lambda tasks, fam: [t.config.metadata["difficulty"] for t in tasks  # noqa: E731
+                                if t.config.metadata["family"] == fam]
+    assert steps(even_demos, "check") == [1, 2, 3]   # the family's first train tasks, each difficulty once
+    mixed = LearningLoop(LoopConfig(out=tmp_path, train_tasks=48, demo_tasks=12, heldout_tasks=4, tag="t",
+                                    demo_mix={"check": 2, "recover": 2}, demo_min_steps=2), quiet)
+    mixed_train, demos, _ = mixed.tasks()
+    assert [t.path for t in mixed_train] == [t.path for t in train]   # the same train tasks, other demonstrations
+    assert len(steps(demos, "check")) == len(steps(demos, "recover")) == 4
+    assert len(steps(demos, "files")) == len(steps(demos, "plan")) == 2
+    assert all(d >= 2 for d in steps(demos, "check") + steps(demos, "recover") + steps(demos, "files"))
+    assert set(steps(demos, "check")) == {2, 3} and all(t in train for t in demos)
+    with pytest.raises(DemoMixError, match=r"the check family has 8 train tasks of 2 or more steps, and the "
+                                           r"demonstrations want 9 of them; raise --train-tasks"):
+        LearningLoop(LoopConfig(out=tmp_path, train_tasks=48, demo_tasks=24, heldout_tasks=4, tag="t",
+                                demo_mix={"check": 2}, demo_min_steps=2), quiet).tasks()
+    with pytest.raises(LoopError, match="--demo-min-steps 0: pass 1"):
+        LoopConfig(out=tmp_path, demo_min_steps=0).check()
