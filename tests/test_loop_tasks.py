@@ -67,3 +67,20 @@ def test_the_loop_demonstrates_the_mix_of_multi_step_tasks(tmp_path):
                                 demo_mix={"check": 2}, demo_min_steps=2), quiet).tasks()
     with pytest.raises(LoopError, match="--demo-min-steps 0: pass 1"):
         LoopConfig(out=tmp_path, demo_min_steps=0).check()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--demo-mix", "chekc=2"], "--demo-mix names chekc, not among the loop's families"),
+    (["--demo-mix", "check:2"], "'check:2' is not FAMILY=WEIGHT"),
+    (["--demo-min-steps", "0"], "--demo-min-steps 0: pass 1"),
+])
+def test_the_demo_command_refuses_a_bad_mix_before_it_starts_anything(tmp_path, monkeypatch, args, says):
+    from typer.testing import CliRunner
+
+    from openforge.cli import build_app
+
+    monkeypatch.setenv("OPENFORGE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "250")
+    res = CliRunner().invoke(build_app(), ["demo", *args])
+    assert res.exit_code == 2 and says in " ".join(res.output.split())
+    assert not (tmp_path / "home" / "demo" / "tasks").exists()   # nothing generated, no engine started
