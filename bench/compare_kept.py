@@ -6,7 +6,8 @@ tasks, so a version of one run can be compared with a version of another task by
 that trained 20 epochs up front against the ``sft_extended`` of a run that trained 5 and then the control's minutes
 (did the longer SFT buy what the control bought?), or two runs' SFT versions (how far apart is SFT run to run?).
 
-Refuses two seeds whose task sets differ (other seeds, other task counts or families), naming the first task one
+A seed folder with ``outcomes.json`` and no ``demo-result.json`` (a run stopped before it printed its result, whose
+evaluations were read from its store) compares too. Refuses two seeds whose task sets differ (other seeds, other task counts or families), naming the first task one
 has and the other lacks: a pairing over different tasks would mean nothing.
 
 Prints B - A for success (McNemar's exact p where every task has one rollout on both sides) and every rubric whose
@@ -42,11 +43,14 @@ def side(spec: str, sampled: bool) -> tuple[str, dict]:
     if not home.name.removeprefix("seed").isdigit():
         raise SystemExit(f"{spec}: {home.name} is not a seed folder (seedN, as bench/learning_curve.py --keep DIR "
                          "names them)")
-    if not (home / "demo-result.json").exists():
-        raise SystemExit(f"{spec}: {home} holds no demo-result.json; pass a seed folder that bench/learning_curve.py "
-                         "--keep DIR wrote (DIR/seedN)")
-    doc = json.loads((home / "demo-result.json").read_text())
-    greedy, sampled_aggs = curve.outcomes(int(home.name.removeprefix("seed")), home, doc)
+    if (home / "demo-result.json").exists():
+        doc = json.loads((home / "demo-result.json").read_text())
+        greedy, sampled_aggs = curve.outcomes(int(home.name.removeprefix("seed")), home, doc)
+    elif (home / curve.OUTCOMES).exists():   # a run stopped before its result: what its evaluations recorded
+        greedy, sampled_aggs = curve.saved_outcomes(home / curve.OUTCOMES)
+    else:
+        raise SystemExit(f"{spec}: {home} holds neither demo-result.json nor {curve.OUTCOMES}; pass a seed folder "
+                         "that bench/learning_curve.py --keep DIR wrote (DIR/seedN)")
     aggs = sampled_aggs if sampled else greedy
     if aggs is None:
         raise SystemExit(f"{spec}: this seed ran no sampled evaluation (--eval-samples); drop --sampled")

@@ -99,23 +99,28 @@ def outcomes(seed: int, home: Path, doc: dict) -> tuple[dict[str, dict], dict[st
     """(greedy, sampled or None) per-task aggregates of this seed: read from its store, and written beside
     ``demo-result.json`` as ``OUTCOMES`` so that a seed whose store is gone (or was never copied: the two small files
     are what ``bench/results/`` keeps) still pools."""
-    from learner import TaskAgg
-
     saved = home / OUTCOMES
     sampled_runs = (doc.get("sampled") or {}).get("runs")
     if not (home / "store.sqlite").exists():
         if not saved.exists():
             raise SystemExit(f"seed {seed}: {home} has demo-result.json but neither store.sqlite nor {OUTCOMES}: "
                              "the per-task outcomes cannot be pooled; remove demo-result.json there to re-run it")
-        raw = json.loads(saved.read_text())
-        load = lambda part: {role: {k: TaskAgg.from_dict(v) for k, v in tasks.items()}   # noqa: E731
-                             for role, tasks in part.items()}
-        return load(raw["greedy"]), (load(raw["sampled"]) if raw.get("sampled") else None)
+        return saved_outcomes(saved)
     greedy = aggregates(seed, home, doc)
     sampled = aggregates(seed, home, doc, sampled_runs) if sampled_runs else None
     dump = lambda part: {role: {k: a.as_dict() for k, a in tasks.items()} for role, tasks in part.items()}  # noqa
     saved.write_text(json.dumps({"seed": seed, "greedy": dump(greedy), "sampled": dump(sampled) if sampled else None}))
     return greedy, sampled
+
+
+def saved_outcomes(path: Path) -> tuple[dict[str, dict], dict[str, dict] | None]:
+    """(greedy, sampled or None) per-task aggregates read back from an ``OUTCOMES`` file."""
+    from learner import TaskAgg
+
+    raw = json.loads(path.read_text())
+    load = lambda part: {role: {k: TaskAgg.from_dict(v) for k, v in tasks.items()}   # noqa: E731
+                         for role, tasks in part.items()}
+    return load(raw["greedy"]), (load(raw["sampled"]) if raw.get("sampled") else None)
 
 
 def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:

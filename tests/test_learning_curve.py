@@ -110,6 +110,20 @@ def test_versions_of_two_kept_runs_compare_paired_by_task_and_other_tasks_are_re
         kept.main([f"{short.parent}:sft", f"{long}:sft"])
 
 
+def test_a_stopped_run_with_outcomes_only_compares_and_one_with_neither_file_is_refused(tmp_path, capsys):
+    stopped = _kept_seed(tmp_path / "stopped", {"sft": [0, 0, 1, 1]})
+    (stopped / "demo-result.json").unlink()   # stopped before its result; outcomes read from its store
+    (stopped / "store.sqlite").write_bytes(b"")   # its store still there: the saved outcomes are what count
+    long = _kept_seed(tmp_path / "long", {"sft": [1, 1, 1, 0]})
+    assert kept.main([f"{stopped}:sft", f"{long}:sft", "--n-boot", "50"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    success = next(r for r in doc["rubrics"] if r["metric"] == "success_rate")
+    assert (success["a"], success["b"]) == (0.5, 0.75) and success["p_value"] == 1.0   # two gained, one lost
+    (stopped / "outcomes.json").unlink()
+    with pytest.raises(SystemExit, match="holds neither demo-result.json nor outcomes.json"):
+        kept.main([f"{stopped}:sft", f"{long}:sft"])
+
+
 _entropy_spec = importlib.util.spec_from_file_location("sampled_entropy",
                                                        Path(__file__).parents[1] / "bench" / "sampled_entropy.py")
 entropy = importlib.util.module_from_spec(_entropy_spec)
