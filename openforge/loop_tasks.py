@@ -10,6 +10,8 @@ so GRPO's groups there all failed alike and the rounds had no spread of reward t
 
 from __future__ import annotations
 
+import itertools
+
 
 class DemoMixError(ValueError):
     """A ``--demo-mix`` or ``--demo-min-steps`` that cannot be met; the message says what to pass."""
@@ -71,8 +73,31 @@ def pick_demonstrations(per_family: dict[str, list], counts: dict[str, int], min
 def grpo_pool(train: list, demos: list) -> list:
     """The order GRPO rounds draw train tasks in: first those the teacher did not demonstrate (new instances, where
     the policy has to generalise as on held-out tasks, and where SFT's memory of a demonstration does not make all
-    of a group succeed alike), then the demonstrated ones; each part keeps the families interleaved."""
-    return [t for t in train if t not in demos] + [t for t in train if t in demos]
+    of a group succeed alike), then the demonstrated ones. In the first part the families take turns, and within a
+    family its difficulties (each in generation order), so that a round's draws hold every family and difficulty
+    whichever tasks the demonstrations took: with ``--demo-min-steps 2`` the undemonstrated tasks at the head of a
+    family were its one-step ones, and two rounds of 64 groups drew 2 multi-step ``check`` groups (README,
+    2026-12-07, evening). With even demonstrations this is the order the train tasks already had."""
+    rest = [t for t in train if t not in demos]
+    by_family: dict = {}
+    for t in rest:
+        family, steps = _kind(t)
+        by_family.setdefault(family, {}).setdefault(steps, []).append(t)
+    per_family = [_take_turns(list(by_steps.values())) for by_steps in by_family.values()]
+    return _take_turns(per_family) + [t for t in train if t in demos]
+
+
+def _take_turns(lists: list[list]) -> list:
+    return [t for row in itertools.zip_longest(*lists, fillvalue=_NONE) for t in row if t is not _NONE]
+
+
+_NONE = object()
+
+
+def _kind(task) -> tuple:
+    """(family, steps) of a generated task; (None, None) for anything else (its order is kept)."""
+    meta = getattr(getattr(task, "config", None), "metadata", None) or {}
+    return meta.get("family"), meta.get("difficulty")
 
 
 def _steps(task) -> int:

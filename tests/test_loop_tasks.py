@@ -84,3 +84,28 @@ def test_the_demo_command_refuses_a_bad_mix_before_it_starts_anything(tmp_path, 
     res = CliRunner().invoke(build_app(), ["demo", *args])
     assert res.exit_code == 2 and says in " ".join(res.output.split())
     assert not (tmp_path / "home" / "demo" / "tasks").exists()   # nothing generated, no engine started
+
+
+def test_grpo_draws_every_difficulty_early_whichever_tasks_the_demonstrations_took(tmp_path):
+    from rich.console import Console
+
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_tasks import grpo_pool
+
+    quiet = Console(file=open("/dev/null", "w"))
+    cfg = dict(out=tmp_path, train_tasks=96, demo_tasks=24, heldout_tasks=4, tag="t")
+    train, demos, _ = LearningLoop(LoopConfig(**cfg), quiet).tasks()
+    # even demonstrations: the order the train tasks had, the undemonstrated first
+    assert grpo_pool(train, demos) == [t for t in train if t not in demos] + [t for t in train if t in demos]
+    train, demos, _ = LearningLoop(LoopConfig(**cfg, demo_mix={"check": 2, "recover": 2}, demo_min_steps=2),
+                                   quiet).tasks()
+    pool = grpo_pool(train, demos)
+    first = [t.config.metadata for t in pool[:12]]   # three draws of four: every family, every difficulty
+    for family in ("check", "recover", "files"):
+        assert sorted(m["difficulty"] for m in first if m["family"] == family) == [1, 2, 3], family
+    assert sorted(pool, key=id) == sorted(train, key=id) and pool[len(train) - len(demos):] == \
+        [t for t in train if t in demos]
+    # what the pool was before: the head of the undemonstrated check tasks all one-step
+    head = [t.config.metadata["difficulty"] for t in train if t not in demos
+            and t.config.metadata["family"] == "check"][:3]
+    assert head == [1, 1, 1]
