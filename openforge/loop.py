@@ -37,7 +37,6 @@ result is a chain of policy versions whose lineage (parent, shard, watermark, sa
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import time
 from contextlib import ExitStack
@@ -46,7 +45,7 @@ from pathlib import Path
 
 from .loop_recipe import GrpoRecipe
 from .loop_sampling import UNGRADED, RoundSampler
-from .loop_tasks import grpo_pool, pick_demonstrations, shares
+from .loop_tasks import grpo_pool, pick_demonstrations, shares, take_turns
 from .loop_session import BASE_POLICY
 from .scoreboard import Rate, VersionRow
 
@@ -226,7 +225,7 @@ class LearningLoop:
         demos = pick_demonstrations(per_family, shares(cfg.demo_tasks, cfg.families, cfg.demo_mix),
                                     cfg.demo_min_steps)
         # the families interleaved, so that every GRPO round draws from each of them
-        train = [t for row in itertools.zip_longest(*per_family.values()) for t in row if t is not None]
+        train = take_turns(list(per_family.values()))
         self.console.print(f"{len(train)} train tasks ({len(demos)} demonstrated) and {len(heldout)} held-out tasks "
                            f"of families {', '.join(cfg.families)} (seed {cfg.seed}) in {cfg.out / 'tasks'}")
         return train, demos, heldout

@@ -60,7 +60,7 @@ def pick_demonstrations(per_family: dict[str, list], counts: dict[str, int], min
     steps (a task's ``metadata.difficulty``); families in ``per_family``'s order."""
     demos = []
     for family, tasks in per_family.items():
-        fit = [t for t in tasks if _steps(t) >= min_steps]
+        fit = [t for t in tasks if _meta(t).get("difficulty", 1) >= min_steps]
         want = counts.get(family, 0)
         if len(fit) < want:
             raise DemoMixError(f"the {family} family has {len(fit)} train tasks of {min_steps} or more steps, and "
@@ -81,24 +81,20 @@ def grpo_pool(train: list, demos: list) -> list:
     rest = [t for t in train if t not in demos]
     by_family: dict = {}
     for t in rest:
-        family, steps = _kind(t)
-        by_family.setdefault(family, {}).setdefault(steps, []).append(t)
-    per_family = [_take_turns(list(by_steps.values())) for by_steps in by_family.values()]
-    return _take_turns(per_family) + [t for t in train if t in demos]
+        meta = _meta(t)
+        by_family.setdefault(meta.get("family"), {}).setdefault(meta.get("difficulty"), []).append(t)
+    per_family = [take_turns(list(by_steps.values())) for by_steps in by_family.values()]
+    return take_turns(per_family) + [t for t in train if t in demos]
 
 
-def _take_turns(lists: list[list]) -> list:
+def take_turns(lists: list[list]) -> list:
+    """The lists' items, first of each, then second of each, ... (shorter lists drop out)."""
     return [t for row in itertools.zip_longest(*lists, fillvalue=_NONE) for t in row if t is not _NONE]
 
 
 _NONE = object()
 
 
-def _kind(task) -> tuple:
-    """(family, steps) of a generated task; (None, None) for anything else (its order is kept)."""
-    meta = getattr(getattr(task, "config", None), "metadata", None) or {}
-    return meta.get("family"), meta.get("difficulty")
-
-
-def _steps(task) -> int:
-    return int(task.config.metadata.get("difficulty", 1))
+def _meta(task) -> dict:
+    """A generated task's metadata (family, difficulty: its steps); empty for anything else (its order is kept)."""
+    return getattr(getattr(task, "config", None), "metadata", None) or {}
