@@ -108,9 +108,14 @@ def outcomes(seed: int, home: Path, doc: dict) -> tuple[dict[str, dict], dict[st
         return saved_outcomes(saved)
     greedy = aggregates(seed, home, doc)
     sampled = aggregates(seed, home, doc, sampled_runs) if sampled_runs else None
-    dump = lambda part: {role: {k: a.as_dict() for k, a in tasks.items()} for role, tasks in part.items()}  # noqa
-    saved.write_text(json.dumps({"seed": seed, "greedy": dump(greedy), "sampled": dump(sampled) if sampled else None}))
+    write_outcomes(saved, seed, greedy, sampled)
     return greedy, sampled
+
+
+def write_outcomes(path: Path, seed: int, greedy: dict[str, dict], sampled: dict[str, dict] | None) -> None:
+    """What :func:`saved_outcomes` reads back."""
+    dump = lambda part: {role: {k: a.as_dict() for k, a in tasks.items()} for role, tasks in part.items()}  # noqa
+    path.write_text(json.dumps({"seed": seed, "greedy": dump(greedy), "sampled": dump(sampled) if sampled else None}))
 
 
 def saved_outcomes(path: Path) -> tuple[dict[str, dict], dict[str, dict] | None]:

@@ -15,7 +15,6 @@ e.g.   python bench/outcomes_from_store.py /tmp/runs/seed0 bench/results/X/seed0
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -28,26 +27,23 @@ _spec.loader.exec_module(curve)
 
 def eval_runs(home: Path, versions: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """Version -> its greedy evaluation run, and version -> its sampled one (empty where none ran)."""
-    from sqlalchemy import create_engine, text
+    from forge_store import Settings, open_store
 
-    engine = create_engine(f"sqlite:///{home / 'store.sqlite'}")
-    with engine.connect() as conn:
-        names = dict(conn.execute(text("SELECT name, id FROM runs")).all())
-    engine.dispose()
+    with open_store(f"sqlite:///{home / 'store.sqlite'}", settings=Settings(home=home)) as store:
+        runs = [(run["name"] or "", run["id"]) for run in store.lineage("runs")]
     greedy, sampled = {}, {}
     for role, version in versions.items():
         for kind, out in (("eval", greedy), ("eval sampled", sampled)):
-            found = [rid for name, rid in names.items() if name.startswith(f"{kind} {version} (")]
+            found = [rid for name, rid in runs if name.startswith(f"{kind} {version} (")]
             if len(found) > 1:
                 raise SystemExit(f"{role}={version}: {len(found)} runs named '{kind} {version} (...)' in {home}; "
                                  "one loop evaluates a version once")
-            if found:
-                out[version] = found[0]
+            out.update({version: rid for rid in found})
         if version not in greedy:
+            evaluated = sorted({name.removeprefix("eval ").split(" (")[0] for name, _ in runs
+                                if name.startswith("eval ") and not name.startswith("eval sampled ")})
             raise SystemExit(f"{role}={version}: no run named 'eval {version} (...)' in {home}; the versions "
-                             "evaluated there are " + ", ".join(sorted(n.split(" (")[0].removeprefix("eval ")
-                                                                       for n in names if n.startswith("eval ")
-                                                                       and not n.startswith("eval sampled"))))
+                             f"evaluated there are {', '.join(evaluated)}")
     return greedy, sampled
 
 
@@ -65,10 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"roles": versions}
     greedy = curve.aggregates(seed, home, doc, greedy_runs)
     sampled = curve.aggregates(seed, home, doc, sampled_runs) if sampled_runs else None
-    dump = lambda part: {role: {k: a.as_dict() for k, a in tasks.items()} for role, tasks in part.items()}  # noqa
     out.mkdir(parents=True, exist_ok=True)
-    (out / curve.OUTCOMES).write_text(json.dumps({"seed": seed, "greedy": dump(greedy),
-                                                  "sampled": dump(sampled) if sampled else None}))
+    curve.write_outcomes(out / curve.OUTCOMES, seed, greedy, sampled)
     for role, tasks in greedy.items():
         line = f"{role:<13} greedy {sum(a.passed for a in tasks.values())}/{sum(a.n for a in tasks.values())}"
         if sampled and role in sampled:

@@ -156,3 +156,29 @@ def test_prune_keeps_the_named_checkpoints_and_the_demonstrations_export_only_wh
     assert left == ["checkpoints/final/config.json", "checkpoints/sft/config.json", "demo/shards/sft-run1/manifest.json"]
     curve.prune(tmp_path / "b", None)
     assert [p for p in (tmp_path / "b").rglob("*") if p.is_file()] == []
+
+
+_ofs_spec = importlib.util.spec_from_file_location("outcomes_from_store",
+                                                   Path(__file__).parents[1] / "bench" / "outcomes_from_store.py")
+ofs = importlib.util.module_from_spec(_ofs_spec)
+_ofs_spec.loader.exec_module(ofs)
+
+
+def test_a_stopped_seeds_evaluation_runs_are_found_by_the_loops_names(tmp_path):
+    from forge_store import Settings, open_store
+
+    home = tmp_path / "seed0"
+    with open_store(f"sqlite:///{home / 'store.sqlite'}", settings=Settings(home=home)) as store:
+        ids = {name: store.create_run(name=name) for name in (
+            "eval base (t1)", "eval sampled base (t1)", "eval sft (t1)", "validate sft (t1)", "eval sftx (t1)",
+            "grpo round 1 sft (t1)")}
+    greedy, sampled = ofs.eval_runs(home, {"base": "base", "sft": "sft"})
+    assert greedy == {"base": ids["eval base (t1)"], "sft": ids["eval sft (t1)"]}   # not sftx's, not validate's
+    assert sampled == {"base": ids["eval sampled base (t1)"]}   # sft ran no sampled evaluation
+    with pytest.raises(SystemExit, match=r"final=grpo2: no run named 'eval grpo2 \(...\)'.* evaluated there are "
+                                         r"base, sft, sftx$"):
+        ofs.eval_runs(home, {"final": "grpo2"})
+    with open_store(f"sqlite:///{home / 'store.sqlite'}", settings=Settings(home=home)) as store:
+        store.create_run(name="eval sft (t2)")   # a second loop over the same store
+    with pytest.raises(SystemExit, match="2 runs named 'eval sft"):
+        ofs.eval_runs(home, {"sft": "sft"})
