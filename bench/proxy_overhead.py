@@ -285,12 +285,12 @@ def main() -> None:
     for label, r in results.items():
         d, p = r["direct"], r["proxied"]
         none = {"p50": float("nan"), "p99": float("nan"), "rps": float("nan")}   # nan: shown as n/a
-        b, x = r["bare"] or none, r["relay"] or none
+        b, rl = r["bare"] or none, r["relay"] or none
         row = [f"{d['p50']:.2f}", f"{p['p50'] - d['p50']:.2f}", f"{b['p50'] - d['p50']:.2f}",
-               f"{x['p50'] - d['p50']:.2f}", f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}",
+               f"{rl['p50'] - d['p50']:.2f}", f"{d['p99']:.2f}", f"{p['p99'] - d['p99']:.2f}",
                f"{b['p99'] - d['p99']:.2f}", f"{d['rps']:.0f}", f"{p['rps']:.0f}", f"{p['rps'] / d['rps']:.2f}",
-               f"{b['rps'] / d['rps']:.2f}", f"{x['rps'] / d['rps']:.2f}"]
-        table.add_row(label, *[x.replace("nan", "n/a") for x in row])
+               f"{b['rps'] / d['rps']:.2f}", f"{rl['rps'] / d['rps']:.2f}"]
+        table.add_row(label, *[cell.replace("nan", "n/a") for cell in row])
     console.print(table)
 
     def added(label, q):
