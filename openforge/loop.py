@@ -322,7 +322,7 @@ class LearningLoop:
             row.train = Rate(row.train.successes + rate.successes, row.train.n + rate.n)
         if recipe.signal_groups:
             self.console.print(f"round {r}: {len(draws.spread)} groups with a spread of reward in {len(draws.runs)} "
-                               f"draw(s) of {recipe.tasks_per_round}; trains on {len(draws.keep)}")
+                               f"draw(s) of {recipe.tasks_per_round}; trains on {len(draws.keep)}: {draws.kept_text()}")
             if not draws.keep:
                 note = f"round {r}: no update (no group with a spread of reward in {len(draws.runs)} draws)"
                 self.report.notes.append(note)

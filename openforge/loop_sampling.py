@@ -13,8 +13,10 @@ trained whole (the export still drops the equal groups), as before.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+
+from .loop_tasks import task_kind
 
 UNGRADED = ("infra_error", "cancelled")
 
@@ -50,6 +52,18 @@ class RoundDraws:
     spread: list[str] = field(default_factory=list)   # every group with a spread of reward, in draw order
     spread_by_draw: list[int] = field(default_factory=list)
     keep: list[str] | None = None                      # the groups trained on; None: every group of every run
+    kinds: dict[str, str] = field(default_factory=dict)  # task id -> its family and steps (``task_kind``)
+
+    def by_kind(self, groups: list[str] | None = None) -> dict[str, int]:
+        """How many of ``groups`` (default: every group drawn) each kind of task had, kinds sorted by name: what a
+        round trained on, by family and number of steps."""
+        task_of = {r.group_id: r.task_id for s in self.summaries for r in s.results if r.group_id}
+        wanted = task_of if groups is None else groups
+        return dict(sorted(Counter(self.kinds.get(task_of.get(g), "other") for g in wanted).items()))
+
+    def kept_text(self) -> str:
+        """``"check 2-step 3, files 1-step 5"``: the kept groups by kind, for the loop's console."""
+        return ", ".join(f"{kind} {n}" for kind, n in self.by_kind(self.keep).items()) or "none"
 
     def where(self) -> str:
         """The export's ``--where``: the round's runs, and with dynamic sampling only the groups kept."""
@@ -62,7 +76,9 @@ class RoundDraws:
         return {"draws": len(self.runs), "rollouts": sum(len(s.results) for s in self.summaries),
                 "groups": sum(len({r.group_id for r in s.results}) for s in self.summaries),
                 "spread_groups": len(self.spread), "spread_by_draw": self.spread_by_draw,
-                "kept_groups": len(self.spread if self.keep is None else self.keep), "runs": self.runs}
+                "kept_groups": len(self.spread if self.keep is None else self.keep), "runs": self.runs,
+                "drawn_by_kind": self.by_kind(), "spread_by_kind": self.by_kind(self.spread),
+                "kept_by_kind": self.by_kind(self.spread if self.keep is None else self.keep)}
 
 
 def _literals(values) -> str:
@@ -84,6 +100,7 @@ class RoundSampler:
         while len(out.runs) < limit:
             tasks = draw_tasks(self.pool, self.cursor, recipe.tasks_per_round)
             self.cursor += len(tasks)
+            out.kinds.update((getattr(t, "id", t), task_kind(t)) for t in tasks)
             label = name if not out.runs else f"{name} draw {len(out.runs) + 1}"
             summary = rollouts(tasks, label)
             out.runs.append(summary.run_id)

@@ -95,6 +95,13 @@ def take_turns(lists: list[list]) -> list:
 _NONE = object()
 
 
+def task_kind(task) -> str:
+    """``"check 2-step"``: a generated task's family and steps, what the rounds' draws are counted by; ``"other"``
+    for a task without them."""
+    meta = _meta(task)
+    return f"{meta['family']} {meta.get('difficulty', 1)}-step" if meta.get("family") else "other"
+
+
 def _meta(task) -> dict:
     """A generated task's metadata (family, difficulty: its steps); empty for anything else (its order is kept)."""
     return getattr(getattr(task, "config", None), "metadata", None) or {}

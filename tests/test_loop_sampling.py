@@ -74,7 +74,9 @@ def test_dynamic_sampling_draws_until_the_round_holds_enough_groups_with_signal_
     assert draws.keep == ["t1/run-1", "t4/run-2", "t5/run-2"] and draws.runs == ["run-1", "run-2"]
     assert draws.where() == "run_id in ('run-1', 'run-2') and group_id in ('t1/run-1', 't4/run-2', 't5/run-2')"
     assert draws.as_dict() | {"runs": None} == {"draws": 2, "rollouts": 12, "groups": 6, "spread_groups": 3,
-                                                "spread_by_draw": [1, 2], "kept_groups": 3, "runs": None}
+                                                "spread_by_draw": [1, 2], "kept_groups": 3, "runs": None,
+                                                "drawn_by_kind": {"other": 6}, "spread_by_kind": {"other": 3},
+                                                "kept_by_kind": {"other": 3}}
     # the next round starts where this one stopped and goes round the pool (t9, t0, t1 in its second draw)
     more = sampler.draw(rollouts, "grpo round 2")
     assert [c[0] for c in rollouts.calls[2:]] == [["t6", "t7", "t8"], ["t9", "t0", "t1"], ["t2", "t3", "t4"]]

@@ -109,3 +109,41 @@ def test_grpo_draws_every_difficulty_early_whichever_tasks_the_demonstrations_to
     head = [t.config.metadata["difficulty"] for t in train if t not in demos
             and t.config.metadata["family"] == "check"][:3]
     assert head == [1, 1, 1]
+
+
+def test_a_round_counts_what_it_drew_and_kept_by_family_and_steps(tmp_path):
+    """The draws' counts by kind (the result's ``draws`` and the loop's console line), on the real generator's tasks:
+    the kinds come from each task's metadata, the groups from the rollouts' results."""
+    from rich.console import Console
+
+    from openforge.loop import LearningLoop, LoopConfig
+    from openforge.loop_recipe import GrpoRecipe
+    from openforge.loop_sampling import RoundSampler
+    from openforge.loop_tasks import grpo_pool, task_kind
+    from tests.test_loop_sampling import FakeRun, result
+
+    quiet = Console(file=open("/dev/null", "w"))
+    train, demos, _ = LearningLoop(LoopConfig(out=tmp_path, train_tasks=48, demo_tasks=12, heldout_tasks=4,
+                                              tag="t"), quiet).tasks()
+    pool = grpo_pool(train, demos)
+    mixed = {t.id for t in pool[:8] if t.config.metadata["family"] != "files"}   # groups with a spread of reward
+
+    def rollouts(tasks, name):
+        run = FakeRun(f"run-{name[-1]}")
+        for t in tasks:
+            g = f"{t.id}/{run.run_id}"
+            run.results += [result(g, "success" if t.id in mixed else "failure", float(t.id in mixed)),
+                            result(g, "failure", 0.0)]
+        return run
+
+    recipe = GrpoRecipe(tasks_per_round=4, group_size=2, signal_groups=3, max_draws=2)
+    draws = RoundSampler(pool, recipe).draw(rollouts, "r")
+    drawn = [task_kind(t) for t in pool[:len(draws.runs) * 4]]
+    kept = [task_kind(t) for t in pool[:8] if t.id in mixed][:3]
+    assert set(drawn) >= {"files 1-step", "check 1-step"} and "other" not in drawn
+    out = draws.as_dict()
+    assert out["drawn_by_kind"] == {k: drawn.count(k) for k in sorted(set(drawn))}
+    assert out["kept_by_kind"] == {k: kept.count(k) for k in sorted(set(kept))}
+    assert sum(out["spread_by_kind"].values()) == len(draws.spread) >= 3
+    assert draws.kept_text() == ", ".join(f"{k} {kept.count(k)}" for k in sorted(set(kept)))
+    assert task_kind("a plain task") == "other"

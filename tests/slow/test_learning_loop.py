@@ -63,6 +63,7 @@ def test_the_chain_base_sft_grpo_is_in_the_store(loop):
     by_draw = draws["spread_by_draw"]
     assert len(by_draw) == draws["draws"] and not any(by_draw[:-1]) and (by_draw[-1] or len(by_draw) == 2), doc
     assert draws["kept_groups"] == min(1, draws["spread_groups"]) == (grpo is not None), doc
+    assert sum(draws["kept_by_kind"].values()) == draws["kept_groups"] and "other" not in draws["drawn_by_kind"], doc
     if grpo is None:  # every group got equal rewards: the round trained nothing, and says why
         assert any("round 1: no update" in n for n in doc["notes"]), doc
         assert doc["final_version"] == sft["version"]
