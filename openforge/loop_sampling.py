@@ -61,9 +61,15 @@ class RoundDraws:
         wanted = task_of if groups is None else groups
         return dict(sorted(Counter(self.kinds.get(task_of.get(g), "other") for g in wanted).items()))
 
+    @property
+    def kept(self) -> list[str]:
+        """The groups the round trains on: ``keep``, or without dynamic sampling every group with a spread (the
+        export drops the rest)."""
+        return self.spread if self.keep is None else self.keep
+
     def kept_text(self) -> str:
         """``"check 2-step 3, files 1-step 5"``: the kept groups by kind, for the loop's console."""
-        return ", ".join(f"{kind} {n}" for kind, n in self.by_kind(self.keep).items()) or "none"
+        return ", ".join(f"{kind} {n}" for kind, n in self.by_kind(self.kept).items()) or "none"
 
     def where(self) -> str:
         """The export's ``--where``: the round's runs, and with dynamic sampling only the groups kept."""
@@ -76,9 +82,8 @@ class RoundDraws:
         return {"draws": len(self.runs), "rollouts": sum(len(s.results) for s in self.summaries),
                 "groups": sum(len({r.group_id for r in s.results}) for s in self.summaries),
                 "spread_groups": len(self.spread), "spread_by_draw": self.spread_by_draw,
-                "kept_groups": len(self.spread if self.keep is None else self.keep), "runs": self.runs,
-                "drawn_by_kind": self.by_kind(), "spread_by_kind": self.by_kind(self.spread),
-                "kept_by_kind": self.by_kind(self.spread if self.keep is None else self.keep)}
+                "kept_groups": len(self.kept), "runs": self.runs, "drawn_by_kind": self.by_kind(),
+                "spread_by_kind": self.by_kind(self.spread), "kept_by_kind": self.by_kind(self.kept)}
 
 
 def _literals(values) -> str:

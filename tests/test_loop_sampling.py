@@ -97,6 +97,7 @@ def test_without_dynamic_sampling_a_round_is_one_draw_trained_whole():
     rollouts = Rollouts(mixed=set())
     draws = RoundSampler(["a", "b", "c"], recipe).draw(rollouts, "r")
     assert len(rollouts.calls) == 1 and draws.keep is None and draws.where() == "run_id = 'run-1'"
+    assert draws.kept == [] and draws.kept_text() == "none"   # what the console and the result count: not all drawn
 
 
 @pytest.mark.parametrize("kw", [{"signal_groups": -1}, {"signal_groups": 4, "max_draws": 0}])
