@@ -1,5 +1,5 @@
 """The train step's choices that need no model: the precision it computes in, how negative advantages weigh, the
-order of the samples (``schedule``) and how a batch is cut into forward passes (``micro_batches``). Kept apart
+order of the samples (``by_tokens``, ``schedule``) and how a batch is cut into forward passes (``micro_batches``). Kept apart
 from ``train_step.py`` (which runs by path in the torch environment) so that they are tested without torch."""
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ def weigh_negatives(samples: list[dict], weight: float) -> list[dict]:
     if weight == 1.0:
         return samples
     return [dict(s, advantage=s["advantage"] * weight) if s["advantage"] < 0 else s for s in samples]
+
+
+def by_tokens(sample: dict) -> tuple:
+    """A GRPO sample's place before the shuffle: its tokens and advantage. ``schedule`` shuffles indices, so the
+    samples' order going in decides the batches; a shard lists its rows by group and rollout id, which the
+    orchestrator draws at random, so in the shard's order the same samples and seed made other batches each run.
+    (SFT sorts its encoded conversations the same way; ids the template does not render, such as tool call ids,
+    do not count.)"""
+    return sample["prompt_ids"], sample["response_ids"], sample["response_mask"], sample["advantage"]
 
 
 def schedule(n: int, batch_size: int, epochs: int, steps: int | None, seed: int) -> list[list[int]]:

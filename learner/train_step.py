@@ -43,7 +43,7 @@ try:
     from ._freeze import FreezeError, train_top
     from ._sft_tokens import StepError, sft_tokens
     from ._step_args import parse
-    from ._step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
+    from ._step_choices import by_tokens, micro_batches, resolve_precision, schedule, weigh_negatives
     from ._step_losses import agg_loss, kl_penalty, policy_loss
     from ._step_save import save
 except ImportError:   # run by path (python learner/train_step.py): its folder is on sys.path
@@ -51,7 +51,7 @@ except ImportError:   # run by path (python learner/train_step.py): its folder i
     from _freeze import FreezeError, train_top
     from _sft_tokens import StepError, sft_tokens
     from _step_args import parse
-    from _step_choices import micro_batches, resolve_precision, schedule, weigh_negatives
+    from _step_choices import by_tokens, micro_batches, resolve_precision, schedule, weigh_negatives
     from _step_losses import agg_loss, kl_penalty, policy_loss
     from _step_save import save
 
@@ -233,7 +233,8 @@ def run(torch, model, batches, step_fn, tokens_of, params: int) -> dict:
 def anchor_batches(tok, steps: int) -> list:
     """``--anchor-samples``' conversations in batches of ``--anchor-batch-size``, one per GRPO step (going round
     them as often as needed; a shuffle of its own)."""
-    anchors = sft_encoded(tok, [json.loads(x) for x in Path(ARGS.anchor_samples).read_text().splitlines() if x.strip()])
+    anchors = sorted(sft_encoded(tok, [json.loads(x) for x in Path(ARGS.anchor_samples).read_text().splitlines()
+                                       if x.strip()]))
     if not anchors:
         raise StepError(f"--anchor-samples {ARGS.anchor_samples}: no conversation has assistant tokens within --max-len")
     return [[anchors[i] for i in b] for b in schedule(len(anchors), ARGS.anchor_batch_size, 1, steps, ARGS.seed + 1)]
@@ -248,7 +249,7 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
     # No entropy term and, by default, no KL: a zero-advantage sample's policy gradient is exactly zero, so it is not
     # computed (DAPO's dynamic sampling drops such groups too); it would only have enlarged token-mean's denominator.
     # With --kl-coef such a sample would add only KL pull; the samples with signal carry that term too.
-    used = [s for s in fits if s["advantage"] != 0] if ARGS.drop_zero_advantage else fits
+    used = sorted([s for s in fits if s["advantage"] != 0] if ARGS.drop_zero_advantage else fits, key=by_tokens)
     if not used:
         raise StepError("every sample has advantage 0: nothing to learn from")
     horizon = max(len(s["response_ids"]) for s in fits)
@@ -285,7 +286,7 @@ def train_grpo(torch, model, samples: list[dict], params: int, tok=None) -> dict
 
 
 def train_sft(torch, model, tok, samples: list[dict], params: int) -> dict:
-    used = sft_encoded(tok, samples)
+    used = sorted(sft_encoded(tok, samples))   # (ids, labels) in token order: the shard's follows random ids (by_tokens)
     if not used:
         raise StepError("no conversation has assistant tokens within --max-len")
     batches = schedule(len(used), ARGS.batch_size or 8, ARGS.epochs, ARGS.steps, ARGS.seed)

@@ -208,6 +208,24 @@ def test_schedule_shuffles_each_epoch_and_micro_batches_hold_the_token_budget():
     assert all(max(m) * len(m) <= TOKEN_BUDGET or len(m) == 1 for m in micro), micro
 
 
+def test_grpo_samples_meet_the_shuffle_in_token_order_whatever_order_the_shard_gave():
+    """The shard lists rows by random group and rollout ids; the batches must not depend on them."""
+    import random
+
+    from learner._step_choices import by_tokens, schedule
+
+    samples = [{"prompt_ids": [1, p], "response_ids": [r], "response_mask": [1], "advantage": a}
+               for p, r, a in ((5, 7, 1.0), (5, 7, -1.0), (2, 9, 0.5), (5, 3, -0.5))]
+    orders = set()
+    for seed in range(6):
+        shard = samples[:]
+        random.Random(seed).shuffle(shard)
+        used = sorted(shard, key=by_tokens)
+        orders.add(tuple(tuple(tuple(used[i]["response_ids"]) + (used[i]["advantage"],) for i in b)
+                         for b in schedule(len(used), 2, 1, None, seed=0)))
+    assert len(orders) == 1
+    assert sorted(samples, key=by_tokens)[0] == samples[2]   # prompt [1, 2] first
+
 def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_path):
     from learner.train_step import parse
     from openforge.loop import LearningLoop, LoopConfig

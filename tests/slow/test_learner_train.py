@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from forge_store import open_store
@@ -173,3 +174,33 @@ def test_train_layers_trains_only_the_top_blocks_and_refuses_more_than_the_model
     p = subprocess.run([OPENFORGE, *common, "--train-layers", "3"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": "200"}, timeout=600)
     assert p.returncode != 0 and "--train-layers 3: the model has 2 decoder blocks" in p.stderr + p.stdout, p.stderr
+
+
+def test_the_same_demonstrations_train_the_same_weights_whatever_ids_the_store_gave_them(torch_env, tiny, tmp_path,
+                                                                                         settings):
+    """Two stores hold the same two demonstrations under swapped rollout and group ids, so their SFT shards list
+    them in opposite orders; one SFT step of one conversation (batch 1, the same seed) from each must train the same
+    conversation into the same weights. Before the step sorted what it trains on by its tokens, two SFTs of the loop
+    on the same 48 demonstrations started from losses 0.981 and 1.078."""
+    delete = [Turn([("bash", {"command": "ls"})], ["a.txt\n"]), Turn([("bash", {"command": "rm a.txt"})], [""]),
+              Turn(text="Removed.")]
+    steps, firsts = [], []
+    for n, ids in enumerate((("ro-1", "ro-2"), ("ro-2", "ro-1"))):
+        with open_store(f"sqlite:///{tmp_path / f'{n}.sqlite'}", settings=settings) as st:
+            st.register_task("t1", source="taskgen")
+            st.register_policy_version("teacher", model_name="scripted", global_step=0)
+            for rid, turns in zip(ids, (SOLVE, delete)):
+                st.create_group(f"g-{rid}", task_id="t1", target_size=1)
+                st.start_rollout(rid, group_id=f"g-{rid}", task_id="t1", policy_version_id="teacher",
+                                 harness_id="react@1", metadata={"purpose": "teacher"})
+                for rec in agent_calls(rid, turns, policy_version_id="teacher"):
+                    st.record_call(rec)
+                st.finish_rollout(rid, "success")
+                st.add_reward(rid, 1.0)
+            export(st, tmp_path / f"sft{n}", ExportConfig(format="sft", where="purpose = 'teacher'"))
+            firsts.append(pq.read_table(next((tmp_path / f"sft{n}").glob("*.parquet"))).to_pylist()[0]["messages"][-1])
+            steps.append(train(st, tmp_path / f"sft{n}", tmp_path / f"ckpt{n}", python=torch_env, base=tiny, lr=1e-3,
+                               steps=1, batch_size=1, seed=0).step)
+    assert firsts[0]["content"] != firsts[1]["content"]   # the shards disagree on which comes first ...
+    assert steps[0]["loss_first"] == steps[1]["loss_first"], steps   # ... the step does not
+    assert steps[0]["checkpoint_sha256"] == steps[1]["checkpoint_sha256"], steps
