@@ -1,6 +1,7 @@
 """The train step's choices that need no model: the precision it computes in, how negative advantages weigh, the
-order of the samples (``by_tokens``, ``schedule``) and how a batch is cut into forward passes (``micro_batches``). Kept apart
-from ``train_step.py`` (which runs by path in the torch environment) so that they are tested without torch."""
+order of the samples (``by_tokens``, ``schedule``) and how a batch is cut into forward passes (``micro_batches``).
+Kept apart from ``train_step.py`` (which runs by path in the torch environment) so that they are tested without
+torch."""
 
 from __future__ import annotations
 

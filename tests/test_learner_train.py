@@ -226,6 +226,7 @@ def test_grpo_samples_meet_the_shuffle_in_token_order_whatever_order_the_shard_g
     assert len(orders) == 1
     assert sorted(samples, key=by_tokens)[0] == samples[2]   # prompt [1, 2] first
 
+
 def test_an_sft_anchor_is_an_sft_export_joined_to_grpo_steps_only(store, tmp_path):
     from learner.train_step import parse
     from openforge.loop import LearningLoop, LoopConfig

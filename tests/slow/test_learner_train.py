@@ -19,14 +19,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from forge_store import open_store
 from forge_store.testing import Turn, agent_calls
 from learner import ExportConfig, export, train
+from learner._export_location import read_rows
+from learner._train import read_manifest
 from proxy.engines import CACHE_ENV, ensure_env, ensure_model
-from tests.test_learner_sft import SOLVE, _seed
+from tests.test_learner_sft import SOLVE, _rollout, _seed
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,16 +192,12 @@ def test_the_same_demonstrations_train_the_same_weights_whatever_ids_the_store_g
             st.register_policy_version("teacher", model_name="scripted", global_step=0)
             for rid, turns in zip(ids, (SOLVE, delete)):
                 st.create_group(f"g-{rid}", task_id="t1", target_size=1)
-                st.start_rollout(rid, group_id=f"g-{rid}", task_id="t1", policy_version_id="teacher",
-                                 harness_id="react@1", metadata={"purpose": "teacher"})
-                for rec in agent_calls(rid, turns, policy_version_id="teacher"):
-                    st.record_call(rec)
-                st.finish_rollout(rid, "success")
-                st.add_reward(rid, 1.0)
-            export(st, tmp_path / f"sft{n}", ExportConfig(format="sft", where="purpose = 'teacher'"))
-            firsts.append(pq.read_table(next((tmp_path / f"sft{n}").glob("*.parquet"))).to_pylist()[0]["messages"][-1])
-            steps.append(train(st, tmp_path / f"sft{n}", tmp_path / f"ckpt{n}", python=torch_env, base=tiny, lr=1e-3,
-                               steps=1, batch_size=1, seed=0).step)
+                _rollout(st, rid, f"g-{rid}", "teacher", 1.0, pv="teacher", turns=turns)
+            shard = tmp_path / f"sft{n}"
+            export(st, shard, ExportConfig(format="sft", where="purpose = 'teacher'"))
+            firsts.append(read_rows(shard, read_manifest(shard))[0]["messages"][-1])
+            steps.append(train(st, shard, tmp_path / f"ckpt{n}", python=torch_env, base=tiny, lr=1e-3, steps=1,
+                               batch_size=1, seed=0).step)
     assert firsts[0]["content"] != firsts[1]["content"]   # the shards disagree on which comes first ...
     assert steps[0]["loss_first"] == steps[1]["loss_first"], steps   # ... the step does not
     assert steps[0]["checkpoint_sha256"] == steps[1]["checkpoint_sha256"], steps
