@@ -201,3 +201,27 @@ def test_the_same_demonstrations_train_the_same_weights_whatever_ids_the_store_g
     assert firsts[0]["content"] != firsts[1]["content"]   # the shards disagree on which comes first ...
     assert steps[0]["loss_first"] == steps[1]["loss_first"], steps   # ... the step does not
     assert steps[0]["checkpoint_sha256"] == steps[1]["checkpoint_sha256"], steps
+
+
+def test_the_same_rollouts_train_the_same_grpo_update_whatever_ids_the_store_gave_them(torch_env, tiny, tmp_path,
+                                                                                       settings):
+    """The GRPO twin of the test above: one group of a success and a failure, recorded under swapped rollout ids in
+    two stores, so their GRPO shards list the two in opposite orders; one GRPO step on one sample (batch 1, the same
+    seed) from each must train the same sample into the same weights (the step sorts its samples by
+    ``by_tokens`` before the seeded shuffle)."""
+    steps, firsts = [], []
+    for n, (win, lose) in enumerate((("ro-1", "ro-2"), ("ro-2", "ro-1"))):
+        with open_store(f"sqlite:///{tmp_path / f'{n}.sqlite'}", settings=settings) as st:
+            st.register_task("t1", source="taskgen")
+            st.register_policy_version("tiny-base", model_name="tiny", checkpoint_id=str(tiny), global_step=0)
+            st.create_group("gr", task_id="t1", target_size=2, policy_version_id="tiny-base")
+            for rid, reward in sorted(((win, 1.0), (lose, 0.0))):   # recorded in id order, as a run might
+                _record(st, torch_env, tiny, rid, "gr", reward, "tiny-base", logprobs=False, work=tmp_path)
+            shard = tmp_path / f"grpo{n}"
+            export(st, shard, ExportConfig(format="verl", where="policy_version_id = 'tiny-base'"))
+            firsts.append(read_rows(shard, read_manifest(shard))[0]["advantage"] > 0)   # the success first?
+            steps.append(train(st, shard, tmp_path / f"ckpt{n}", python=torch_env, lr=1e-3, steps=1, batch_size=1,
+                               seed=0, policy_id=f"grpo{n}").step)
+    assert firsts[0] != firsts[1], firsts   # the shards disagree on which comes first ...
+    assert steps[0]["loss_first"] == steps[1]["loss_first"], steps   # ... the step does not
+    assert steps[0]["checkpoint_sha256"] == steps[1]["checkpoint_sha256"], steps
