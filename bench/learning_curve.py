@@ -21,6 +21,8 @@ Prints a table per seed and pooled, the targets, then as its LAST line one JSON 
   sft_curve and sft_epochs (staged SFT, ``-- --sft-stage-epochs N``: validation success after each stage, and the
   epochs of the stage chosen as the SFT version),
   switch_s_p50, rubrics (SFT -> final: every rubric's two values, difference and paired interval)
+  machine (each seed: the machine its loop ran on, ``bench/machine.py``; None for seeds kept before it was recorded;
+  at the top level: the machine that pooled them)
   sampled (pooled, with ``-- --eval-samples K``): the same successes, differences and rubrics over K rollouts a
   held-out task sampled at the GRPO temperature (each seed's own figures are in its ``sampled``)
 Targets (issue 36): pooled final - SFT >= 0.15 with the interval's lower end above 0; pooled final - SFT extended
@@ -51,6 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.machine import describe, training_note  # noqa: E402
 from openforge.loop_report import PAIRS, ROLES  # noqa: E402  (ROOT first on the path)
 # SFT's length unless the options say otherwise: where held-out success stops rising on these demonstrations.
 # Greedy success alone put it at 5 epochs (bench/sft_plateau.py, seed 100, lr 1e-4, 2026-12-03: 8, 11, 15, 13, 23, 19,
@@ -70,10 +73,13 @@ def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:
     cmd = [str(Path(sys.executable).parent / "openforge"), "demo", "--seed", str(seed), "--port", "0", *demo_args]
     env = {**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": os.environ.get("COLUMNS", "160")}
     print(f"seed {seed}: running {' '.join(cmd[1:])} with OPENFORGE_HOME={home}", file=sys.stderr, flush=True)
+    if note := training_note(machine := describe()):
+        print(f"seed {seed}: note: {note}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed}: the loop failed (exit {proc.returncode}); its log is above")
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc["machine"] = machine   # kept with the seed: seeds pooled later may have run on other machines
     done.write_text(json.dumps(doc))
     return doc
 
@@ -166,7 +172,7 @@ def pooled(per_seed: list[tuple[int, dict, dict]], n_boot: int) -> dict:
 def seed_row(seed: int, doc: dict) -> dict:
     keys = [f"success_{r}" for r in ROLES] + [k for name in PAIRS for k in (name, f"{name}_ci95", f"{name}_p")]
     keys += ["heldout_tasks", "minutes", "grpo_minutes", "importance_ratio_mean", "importance_k3_mean", "switch_s_p50",
-             "rounds", "phases_s", "recipe", "sft", "teacher", "notes", "sft_curve"]
+             "rounds", "phases_s", "recipe", "sft", "teacher", "notes", "sft_curve", "machine"]
     row = {"seed": seed, **{k: doc.get(k) for k in keys}, "rubrics": doc.get("rubrics_sft_to_final", [])}
     if doc.get("sampled"):
         row["sampled"] = {k: v for k, v in doc["sampled"].items() if k not in ("per_task", "runs")}
@@ -291,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [seed_row(seed, doc) for seed, doc, _ in per_seed]
     goals = targets(pool)
     print_tables(rows, pool, goals)
-    print(json.dumps({"seeds": rows, "pooled": pool, "targets": goals}))
+    print(json.dumps({"seeds": rows, "pooled": pool, "targets": goals, "machine": describe()}))
     return 0
 
 

@@ -60,6 +60,9 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.machine import describe  # noqa: E402  (ROOT first on the path)
+
 ADMIN = "bench-admin-token-0123456789"
 ROUNDS = 5  # interleaved: this machine's speed drifts over minutes (other tenants), and every target sees the drift
 console = Console(stderr=True, width=160)  # the table in a pipe, not cut to 80 columns
@@ -333,6 +336,7 @@ def main() -> None:
         "store_dead_letters": stored.get("dead_letters"),
         "server": args.server,
         "protocol": args.protocol,
+        "machine": describe(),
     }
     print(json.dumps(out))
 

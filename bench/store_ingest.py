@@ -38,6 +38,9 @@ from rich.progress import Progress
 from forge_store import CallRecord, Settings, canonical_json, open_store
 from forge_store._images import extract_images
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.machine import describe  # noqa: E402  (the repository root first on the path)
+
 
 def rollout_calls(rid: str, turns: int, seed: int):
     """Yield (CallRecord, naive_bytes) for one synthetic rollout; prompts grow to ~100 KB."""
@@ -182,6 +185,7 @@ def main() -> None:
         "postgres_database_bytes_per_call": round(pg_bytes / calls),
         "naive_bytes_per_call": round(naive_total / calls),
         "storage_ratio": round(stored / naive_total, 4),
+        "machine": describe(),
     }
     print(json.dumps(result))
 

@@ -42,7 +42,7 @@ def test_a_seed_pools_from_its_two_files_and_one_without_outcomes_is_refused_by_
     home = tmp_path / "seed7"
     home.mkdir()
     doc = {"roles": {"base": "v0", "sft": "v1", "final": "v2"}, "eval_runs": {"v0": "r0", "v1": "r1", "v2": "r2"},
-           "minutes": 12.5, "heldout_tasks": 4}
+           "minutes": 12.5, "heldout_tasks": 4, "machine": {"cpu": "AMD EPYC", "simd": ["avx2"]}}
     (home / "demo-result.json").write_text(json.dumps(doc))
     with pytest.raises(SystemExit, match="neither store.sqlite nor outcomes.json"):
         curve.main(["--seed", "7", "--keep", str(tmp_path), "--n-boot", "50"])
@@ -52,8 +52,11 @@ def test_a_seed_pools_from_its_two_files_and_one_without_outcomes_is_refused_by_
              for role, ps in roles.items()}
     (home / "outcomes.json").write_text(json.dumps({"seed": 7, "greedy": saved, "sampled": None}))
     assert curve.main(["--seed", "7", "--keep", str(tmp_path), "--n-boot", "50"]) == 0
-    pool = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pooled"]
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    pool = out["pooled"]
     assert (pool["success_base"], pool["success_sft"], pool["success_final"]) == (0.0, 0.25, 0.75)
+    # the seed's machine is the one its loop ran on (kept in its result), the top level's the one that pooled it
+    assert out["seeds"][0]["machine"] == doc["machine"] and out["machine"]["cpus"] >= 1
     assert pool["final_minus_sft"] == 0.5 and pool["minutes"] == [12.5]
     assert sorted(p.name for p in home.iterdir()) == ["demo-result.json", "outcomes.json"]   # read, nothing written
 
