@@ -67,5 +67,5 @@ def training_note(machine: dict) -> str | None:
     if machine["bf16_native"] or not machine["simd"]:
         return None
     return (f"this CPU ({machine['cpu']}; {', '.join(machine['simd'])}) has no native bfloat16: the train steps run "
-            "in float32, and the loop's SFT phase took 6 times as long on such a CPU as on one with AVX-512 BF16 "
-            "(README, 2026-12-05: 2,707 s against 451 s); one seed of the measured recipe takes hours here")
+            "in float32; on such a CPU the measured recipe's SFT took 46.5 s a step against about 13 s with AMX "
+            "(README, 2026-12-07: 93 minutes of SFT), so one seed takes hours here")
