@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=4000)
     ap.add_argument("demo_args", nargs=argparse.REMAINDER, help="after --: options for openforge demo")
     args = ap.parse_args(argv)
+    machine = describe()   # before the load: its load average is the neighbours'
     if args.keep_checkpoints and args.keep is None:
         ap.error("--keep-checkpoints keeps them in the --keep DIR: pass --keep DIR too")
     if args.seed_list and (args.seeds is not None or args.first_seed is not None):
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [seed_row(seed, doc) for seed, doc, _ in per_seed]
     goals = targets(pool)
     print_tables(rows, pool, goals)
-    print(json.dumps({"seeds": rows, "pooled": pool, "targets": goals, "machine": describe()}))
+    print(json.dumps({"seeds": rows, "pooled": pool, "targets": goals, "machine": machine}))
     return 0
 
 

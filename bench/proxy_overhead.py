@@ -219,6 +219,7 @@ def main() -> None:
     ap.add_argument("--protocol", choices=PROTOCOLS, default="chat",
                     help="the wire protocol of the proxied load (the direct load is chat completions)")
     args = ap.parse_args()
+    machine = describe()   # before the load: its load average is the neighbours'
     with_bare = args.protocol == "chat"   # the bare pass-through forwards chat completions only
     sizes = {1: 250, 16: 800, 64: 1600} if not args.quick else {1: 50, 16: 200, 64: 400}
 
@@ -336,7 +337,7 @@ def main() -> None:
         "store_dead_letters": stored.get("dead_letters"),
         "server": args.server,
         "protocol": args.protocol,
-        "machine": describe(),
+        "machine": machine,
     }
     print(json.dumps(out))
 

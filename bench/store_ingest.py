@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--pg-url", default=os.environ.get("OPENFORGE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"))
     args = ap.parse_args()
+    machine = describe()   # before the load: its load average is the neighbours'
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -185,7 +186,7 @@ def main() -> None:
         "postgres_database_bytes_per_call": round(pg_bytes / calls),
         "naive_bytes_per_call": round(naive_total / calls),
         "storage_ratio": round(stored / naive_total, 4),
-        "machine": describe(),
+        "machine": machine,
     }
     print(json.dumps(result))
 
