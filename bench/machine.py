@@ -1,11 +1,13 @@
 """What machine a benchmark ran on, for its JSON: figures from an AVX2-only CPU and from one with AMX differ by
-several times (training runs in float32 where the CPU has no native bfloat16), and a figure without its machine
+several times (the train step runs in float32 where the CPU has no AVX-512), and a figure without its machine
 cannot be compared with the next one.
 
 ``describe()`` reads Linux's ``/proc/cpuinfo`` and ``/proc/meminfo`` (elsewhere: what ``platform`` says, the rest
-None). ``bf16_native`` is the train step's own rule (``learner/_step_choices.resolve_precision``: oneDNN computes
-bfloat16 natively with AVX-512 BF16 or AMX), read from the CPU flags instead of from torch so that no benchmark has
-to import it.
+None). ``bf16_hw``: the CPU has bfloat16 instructions (AVX-512 BF16 or AMX). The train step's own choice
+(``learner/_step_choices.resolve_precision``) asks oneDNN through torch, which on x86 also counts plain AVX-512
+(BW/VL/DQ) as bfloat16 support; a CPU without AVX-512 at all trains in float32 whatever torch version runs (on this
+AVX2-only kind of machine the probe says False). The warning keys on that, from the flags, so that no benchmark has
+to import torch.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def describe(cpuinfo: str | None = None, meminfo: str | None = None) -> dict:
         "cpu_id": ident,
         "cpus": os.cpu_count(),
         "simd": [f for f in SIMD if f in flags],
-        "bf16_native": bool(flags & {"avx512_bf16", "amx_bf16"}),
+        "bf16_hw": bool(flags & {"avx512_bf16", "amx_bf16"}),
         "mem_gib": round(mem_kib / 2**20, 1) if mem_kib else None,
         "load_avg": load,   # at the start: a busy machine's figures measure its neighbours too
         "python": platform.python_version(),
@@ -63,9 +65,10 @@ def describe(cpuinfo: str | None = None, meminfo: str | None = None) -> dict:
 
 
 def training_note(machine: dict) -> str | None:
-    """A warning for a learning run on a CPU without native bfloat16, None otherwise."""
-    if machine["bf16_native"] or not machine["simd"]:
+    """A warning for a learning run on a CPU without AVX-512 (so without bfloat16 in the train step), None
+    otherwise (and where the flags are unknown)."""
+    if "avx512f" in machine["simd"] or not machine["simd"]:
         return None
-    return (f"this CPU ({machine['cpu']}; {', '.join(machine['simd'])}) has no native bfloat16: the train steps run "
-            "in float32; on such a CPU the measured recipe's SFT took 46.5 s a step against about 13 s with AMX "
+    return (f"this CPU ({machine['cpu']}; {', '.join(machine['simd'])}) has no AVX-512, so no bfloat16: the train "
+            "steps run in float32; on such a CPU the measured recipe's SFT took 46.5 s a step against about 13 s with AMX "
             "(README, 2026-12-07: 93 minutes of SFT), so one seed takes hours here")

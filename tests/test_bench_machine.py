@@ -1,5 +1,5 @@
 """bench/machine.py: the machine a benchmark's JSON records, read from /proc's text (no torch), and the warning a
-learning run gets on a CPU without native bfloat16."""
+learning run gets on a CPU without AVX-512 (where the train step computes in float32)."""
 
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ def _cpuinfo(name: str, flags: str, vendor: str = "AuthenticAMD", family: int = 
 def test_an_avx2_only_cpu_trains_in_float32_and_the_run_is_warned():
     m = describe(_cpuinfo("AMD EPYC", "avx avx2 fma"), "MemTotal:       24641364 kB\nMemFree: 1 kB\n")
     assert m["cpu"] == "AMD EPYC" and m["cpu_id"] == "AuthenticAMD 25/1", m
-    assert m["simd"] == ["avx2"] and m["bf16_native"] is False and m["mem_gib"] == 23.5, m
+    assert m["simd"] == ["avx2"] and m["bf16_hw"] is False and m["mem_gib"] == 23.5, m
     note = training_note(m)
-    assert note and "no native bfloat16" in note and "AMD EPYC; avx2" in note, note
+    assert note and "no AVX-512, so no bfloat16" in note and "AMD EPYC; avx2" in note, note
 
 
-def test_avx512_bf16_or_amx_is_native_bfloat16_and_needs_no_warning():
-    for flags, simd in (("avx2 avx512f avx512_bf16", ["avx2", "avx512f", "avx512_bf16"]),
-                        ("amx_bf16 avx512f avx2 amx_tile", ["avx2", "avx512f", "amx_bf16"])):
+def test_a_cpu_with_avx512_needs_no_warning_and_bf16_hardware_is_told_apart():
+    for flags, simd, hw in (("avx2 avx512f avx512bw", ["avx2", "avx512f"], False),
+                            ("avx2 avx512f avx512_bf16", ["avx2", "avx512f", "avx512_bf16"], True),
+                            ("amx_bf16 avx512f avx2 amx_tile", ["avx2", "avx512f", "amx_bf16"], True)):
         m = describe(_cpuinfo("Intel(R) Xeon(R)", flags, vendor="GenuineIntel", family=6, model=143), "")
-        assert m["simd"] == simd and m["bf16_native"] is True and m["mem_gib"] is None, m
+        assert m["simd"] == simd and m["bf16_hw"] is hw and m["mem_gib"] is None, m
         assert m["cpu_id"] == "GenuineIntel 6/143" and training_note(m) is None
 
 
@@ -41,5 +42,5 @@ def test_a_machine_without_proc_files_is_described_without_guessing():
     model, ident, flags = parse_cpuinfo("")
     assert (model, ident, flags) == (None, None, set())
     m = describe("", "")
-    assert m["simd"] == [] and m["bf16_native"] is False and m["cpu_id"] is None and training_note(m) is None
+    assert m["simd"] == [] and m["bf16_hw"] is False and m["cpu_id"] is None and training_note(m) is None
     assert m["cpus"] >= 1 and m["python"].count(".") == 2
