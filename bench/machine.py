@@ -5,7 +5,7 @@ cannot be compared with the next one.
 ``describe()`` reads Linux's ``/proc/cpuinfo`` and ``/proc/meminfo`` (elsewhere: what ``platform`` says, the rest
 None). ``bf16_hw``: the CPU has bfloat16 instructions (AVX-512 BF16 or AMX). The train step's own choice
 (``learner/_step_choices.resolve_precision``) asks oneDNN through torch, which on x86 also counts plain AVX-512
-(BW/VL/DQ) as bfloat16 support; a CPU without AVX-512 at all trains in float32 whatever torch version runs (on this
+(BW/VL/DQ), and recent versions AVX-NE-CONVERT, as bfloat16 support; a CPU with neither trains in float32 (on this
 AVX2-only kind of machine the probe says False). The warning keys on that, from the flags, so that no benchmark has
 to import torch.
 """
@@ -17,7 +17,7 @@ import platform
 from pathlib import Path
 
 # the flags that decide how fast the train step and the engine run on a CPU, in the order a reader compares them
-SIMD = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+SIMD = ("avx2", "avx_ne_convert", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def parse_cpuinfo(text: str) -> tuple[str | None, str | None, set[str]]:
@@ -65,10 +65,10 @@ def describe(cpuinfo: str | None = None, meminfo: str | None = None) -> dict:
 
 
 def training_note(machine: dict) -> str | None:
-    """A warning for a learning run on a CPU without AVX-512 (so without bfloat16 in the train step), None
-    otherwise (and where the flags are unknown)."""
-    if "avx512f" in machine["simd"] or not machine["simd"]:
+    """A warning for a learning run on a CPU without AVX-512 or AVX-NE-CONVERT (so without bfloat16 in the train
+    step), None otherwise (and where the flags are unknown)."""
+    if {"avx512f", "avx_ne_convert"} & set(machine["simd"]) or not machine["simd"]:
         return None
     return (f"this CPU ({machine['cpu']}; {', '.join(machine['simd'])}) has no AVX-512, so no bfloat16: the train "
-            "steps run in float32; on such a CPU the measured recipe's SFT took 46.5 s a step against about 13 s with AMX "
-            "(README, 2026-12-07: 93 minutes of SFT), so one seed takes hours here")
+            "steps run in float32; on such a CPU the measured recipe's SFT took 46.5 s a step against about 13 s "
+            "with AMX (README, 2026-12-07: 93 minutes of SFT), so one seed takes hours here")

@@ -27,6 +27,7 @@ def test_an_avx2_only_cpu_trains_in_float32_and_the_run_is_warned():
     assert m["simd"] == ["avx2"] and m["bf16_hw"] is False and m["mem_gib"] == 23.5, m
     note = training_note(m)
     assert note and "no AVX-512, so no bfloat16" in note and "AMD EPYC; avx2" in note, note
+    assert training_note(describe(_cpuinfo("Intel(R) Core(TM) Ultra", "avx2 avx_ne_convert"), "")) is None
 
 
 def test_a_cpu_with_avx512_needs_no_warning_and_bf16_hardware_is_told_apart():
