@@ -73,7 +73,8 @@ def run_seed(seed: int, home: Path, demo_args: list[str]) -> dict:
     cmd = [str(Path(sys.executable).parent / "openforge"), "demo", "--seed", str(seed), "--port", "0", *demo_args]
     env = {**os.environ, "OPENFORGE_HOME": str(home), "COLUMNS": os.environ.get("COLUMNS", "160")}
     print(f"seed {seed}: running {' '.join(cmd[1:])} with OPENFORGE_HOME={home}", file=sys.stderr, flush=True)
-    if note := training_note(machine := describe()):
+    machine = describe()
+    if note := training_note(machine):
         print(f"seed {seed}: note: {note}", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
